@@ -1,0 +1,256 @@
+"""Settings: the environment is read once, at start-up, into one immutable object.
+
+Every knob lives in ``KNOBS`` below with its default and a one-line description; README's
+configuration table is generated from the same list (``python -m common.config --markdown``).
+A bad value raises :class:`common.errors.ConfigError` naming the variable.
+
+Entry scripts call :func:`load_settings` once and pass the result down explicitly; nothing
+else in ``common/`` reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from common.errors import ConfigError
+
+
+def _bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"expected true/false, got {raw!r}")
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError(f"must be > 0, got {value}")
+    return value
+
+
+def _non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 < value < 65536:
+        raise ValueError(f"not a TCP port: {value}")
+    return value
+
+
+def _str(raw: str) -> str:
+    return raw
+
+
+def _log_level(raw: str) -> str:
+    value = raw.strip().upper()
+    if value not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+        raise ValueError(f"unknown log level {raw!r}")
+    return value
+
+
+def _power_of_two(raw: str) -> int:
+    value = int(raw)
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"must be a power of two, got {value}")
+    return value
+
+
+def _url_with_scheme(*schemes: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        parts = urlsplit(raw)
+        if parts.scheme not in schemes or not parts.hostname:
+            raise ValueError(f"expected a {'/'.join(schemes)} URL with a host, got {raw!r}")
+        return raw
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One environment variable: its name, parser, default and meaning."""
+
+    env: str
+    attr: str
+    parse: Callable[[str], Any]
+    default: str | None
+    help: str
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("RABBITMQ_URL", "rabbitmq_url_raw", _url_with_scheme("amqp", "amqps"), None,
+         "Full AMQP URL; when set it wins over the RABBITMQ_* parts."),
+    Knob("RABBITMQ_HOST", "rabbitmq_host", _str, "localhost", "Broker host."),
+    Knob("RABBITMQ_PORT", "rabbitmq_port", _port, "5672", "Broker AMQP port."),
+    Knob("RABBITMQ_USER", "rabbitmq_user", _str, None,
+         "Broker user (unset: pika's default, which RabbitMQ accepts from loopback only)."),
+    Knob("RABBITMQ_PASSWORD", "rabbitmq_password", _str, None, "Broker password."),
+    Knob("RABBITMQ_VHOST", "rabbitmq_vhost", _str, "/", "Broker virtual host."),
+    Knob("RABBITMQ_HEARTBEAT_S", "rabbitmq_heartbeat_s", _non_negative_int, "30",
+         "AMQP heartbeat; fetches run off the I/O thread so long fetches never miss it."),
+    Knob("REDIS_URL", "redis_url_raw", _url_with_scheme("redis", "rediss", "unix"), None,
+         "Full Redis URL; when set it wins over the REDIS_* parts."),
+    Knob("REDIS_HOST", "redis_host", _str, "localhost", "Redis host."),
+    Knob("REDIS_PORT", "redis_port", _port, "6379", "Redis port."),
+    Knob("REDIS_DB", "redis_db", _non_negative_int, "0", "Redis database number."),
+    Knob("REDIS_PASSWORD", "redis_password", _str, None, "Redis password (AUTH)."),
+    Knob("CONNECT_RETRY_S", "connect_retry_s", _non_negative_float, "30",
+         "How long to retry reaching RabbitMQ/Redis (exponential backoff) before giving up."),
+    Knob("WORKER_ID", "worker_id", _str, None,
+         "Worker id in logs and results (default: hostname-pid)."),
+    Knob("WORKER_CONCURRENCY", "concurrency", _positive_int, "8",
+         "Parallel fetches per worker process (threads); --concurrency overrides."),
+    Knob("PREFETCH", "prefetch", _non_negative_int, "0",
+         "basic_qos prefetch per consumer (0: twice the concurrency)."),
+    Knob("PRIORITY_AUTO_ACK", "priority_auto_ack", _bool, "false",
+         "Consume priority_queue with auto-ack (prototype mode): faster, but a crash loses "
+         "the messages in flight."),
+    Knob("IDLE_EXIT_S", "idle_exit_s", _non_negative_float, "0",
+         "Exit 0 after this long with no message (0: never); --idle-exit overrides."),
+    Knob("USER_AGENT", "user_agent", _str, "scrape-fleet/0.1 (+https://example.invalid/bot)",
+         "User-Agent header sent with every fetch."),
+    Knob("CONNECT_TIMEOUT_S", "connect_timeout_s", _positive_float, "5", "HTTP connect timeout."),
+    Knob("READ_TIMEOUT_S", "read_timeout_s", _positive_float, "20", "HTTP read timeout."),
+    Knob("MAX_BODY_BYTES", "max_body_bytes", _positive_int, "10485760",
+         "Largest response body read (decoded bytes); longer bodies are cut and marked."),
+    Knob("RESULTS_MAXLEN", "results_maxlen", _positive_int, "1000000",
+         "Approximate MAXLEN of the `results` stream."),
+    Knob("MAX_URL_LENGTH", "max_url_length", _positive_int, "2048",
+         "Longest URL accepted by the producer."),
+    Knob("SEEN_BUCKETS", "seen_buckets", _power_of_two, "16384",
+         "Number of small Redis sets the seen-fingerprints are spread over (power of two)."),
+    Knob("PRODUCER_BATCH", "producer_batch", _positive_int, "1000",
+         "URLs per dedupe pipeline and confirm batch in the producer."),
+    Knob("ROUTING_RULES", "routing_rules", _str, None,
+         "JSON list of routing rules or @path to a JSON file (default: the prototype's rules)."),
+    Knob("LOG_LEVEL", "log_level", _log_level, "INFO", "Logging level."),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Typed, immutable settings. Build with :func:`load_settings`."""
+
+    rabbitmq_url_raw: str | None = None
+    rabbitmq_host: str = "localhost"
+    rabbitmq_port: int = 5672
+    rabbitmq_user: str | None = None
+    rabbitmq_password: str | None = None
+    rabbitmq_vhost: str = "/"
+    rabbitmq_heartbeat_s: int = 30
+    redis_url_raw: str | None = None
+    redis_host: str = "localhost"
+    redis_port: int = 6379
+    redis_db: int = 0
+    redis_password: str | None = None
+    connect_retry_s: float = 30.0
+    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    concurrency: int = 8
+    prefetch: int = 0
+    priority_auto_ack: bool = False
+    idle_exit_s: float = 0.0
+    user_agent: str = "scrape-fleet/0.1 (+https://example.invalid/bot)"
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 20.0
+    max_body_bytes: int = 10 * 1024 * 1024
+    results_maxlen: int = 1_000_000
+    max_url_length: int = 2048
+    seen_buckets: int = 16384
+    producer_batch: int = 1000
+    routing_rules: str | None = None
+    log_level: str = "INFO"
+
+    @property
+    def rabbitmq_url(self) -> str:
+        """The AMQP URL, from RABBITMQ_URL or built from the parts."""
+        if self.rabbitmq_url_raw:
+            return self.rabbitmq_url_raw
+        auth = ""
+        if self.rabbitmq_user is not None:
+            auth = quote(self.rabbitmq_user, safe="")
+            if self.rabbitmq_password is not None:
+                auth += ":" + quote(self.rabbitmq_password, safe="")
+            auth += "@"
+        vhost = quote(self.rabbitmq_vhost, safe="")
+        return f"amqp://{auth}{self.rabbitmq_host}:{self.rabbitmq_port}/{vhost}"
+
+    @property
+    def redis_url(self) -> str:
+        """The Redis URL, from REDIS_URL or built from the parts."""
+        if self.redis_url_raw:
+            return self.redis_url_raw
+        auth = f":{quote(self.redis_password, safe='')}@" if self.redis_password else ""
+        return f"redis://{auth}{self.redis_host}:{self.redis_port}/{self.redis_db}"
+
+    @property
+    def effective_prefetch(self) -> int:
+        return self.prefetch or 2 * self.concurrency
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (command-line flags, tests)."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        return replace(self, **changes)
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read every knob from ``env`` (default: ``os.environ``) once.
+
+    Raises:
+        ConfigError: naming the first variable whose value does not parse.
+    """
+    source = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for knob in KNOBS:
+        raw = source.get(knob.env)
+        if raw is None or (raw == "" and knob.default is None):
+            continue
+        try:
+            values[knob.attr] = knob.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{knob.env}={raw!r} is invalid: {exc}") from None
+    return Settings(**values)
+
+
+def markdown_table() -> str:
+    """README's configuration table, generated from ``KNOBS``."""
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for knob in KNOBS:
+        default = "(unset)" if knob.default is None else f"`{knob.default}`"
+        rows.append(f"| `{knob.env}` | {default} | {knob.help} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    if "--markdown" in sys.argv:
+        print(markdown_table())
+    else:
+        print(load_settings())

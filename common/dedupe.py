@@ -1,0 +1,65 @@
+"""The seen-set: which canonical URLs were already accepted, shared by every producer.
+
+Fingerprints (:mod:`common.urls`) are spread over ``SEEN_BUCKETS`` small Redis sets
+(``crawled_urls:{b}``, see :mod:`common.keys`) holding 64-bit integers, so every bucket stays in
+Redis's compact intset encoding (set-max-intset-entries, 512 by default): about 8 bytes a URL
+plus a small per-key overhead, where a set of hex strings costs 80+ bytes (NOTES.md #4).
+Exact: the only false positive is a full 64-bit collision inside one bucket.
+
+Every operation is one pipelined round trip for a whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import redis
+
+from common.keys import SEEN_PREFIX, seen_bucket
+from common.urls import Fingerprint
+
+
+class SeenSet:
+    def __init__(self, client: redis.Redis, buckets: int) -> None:
+        self.client = client
+        self.buckets = buckets
+
+    def _key(self, fp: Fingerprint) -> str:
+        return seen_bucket(fp.bucket(self.buckets))
+
+    def add_many(self, fps: Sequence[Fingerprint]) -> list[bool]:
+        """Mark fingerprints as seen; True for each one that was new (one round trip)."""
+        if not fps:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for fp in fps:
+            pipe.sadd(self._key(fp), fp.member)
+        return [added == 1 for added in pipe.execute()]
+
+    def remove_many(self, fps: Sequence[Fingerprint]) -> int:
+        """Forget fingerprints (unconfirmed publishes, expired messages). Returns how many."""
+        if not fps:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for fp in fps:
+            pipe.srem(self._key(fp), fp.member)
+        return sum(pipe.execute())
+
+    def contains_many(self, fps: Sequence[Fingerprint]) -> list[bool]:
+        if not fps:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for fp in fps:
+            pipe.sismember(self._key(fp), fp.member)
+        return [bool(found) for found in pipe.execute()]
+
+    def count(self) -> int:
+        """Number of fingerprints, by SCARD over the existing buckets (for stats)."""
+        total = 0
+        keys = list(self.client.scan_iter(match=f"{SEEN_PREFIX}*", count=1000))
+        for start in range(0, len(keys), 1000):
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys[start:start + 1000]:
+                pipe.scard(key)
+            total += sum(pipe.execute())
+        return total

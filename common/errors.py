@@ -1,0 +1,44 @@
+"""Error classes, in one place.
+
+Library exceptions (pika, redis, requests) are translated at the boundary into these, with
+``raise X(...) from None`` where the original adds nothing. Each class says what the caller
+should do with it: fail fast at start, retry later, or dead-letter at once.
+"""
+
+from __future__ import annotations
+
+
+class FleetError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class ConfigError(FleetError):
+    """A setting is missing or malformed. Raised at start-up; the message names the variable."""
+
+
+class ServiceUnavailable(FleetError):
+    """RabbitMQ or Redis cannot be reached after retrying with backoff."""
+
+
+class PublishError(FleetError):
+    """A publish was nacked, returned as unroutable, or its channel closed before the confirm."""
+
+
+class InvalidURL(FleetError):
+    """A URL that can never be fetched: bad scheme, no host, too long, unparsable."""
+
+    reason = "invalid_url"
+
+
+class BadMessage(FleetError):
+    """A queue message that is not a JSON object with a string ``url`` (a poison message)."""
+
+    reason = "bad_message"
+
+
+class FetchError(FleetError):
+    """A fetch that failed before any HTTP status was received (timeouts, connection errors)."""
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind

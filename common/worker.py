@@ -1,0 +1,290 @@
+"""The worker: consumes the work queues, runs fetches in threads, acks only after the outcome.
+
+Threads and ownership (pika is not thread-safe; see NOTES.md #6):
+
+* The main thread owns the AMQP connection. It runs ``process_data_events`` in a loop, which
+  keeps heartbeats flowing however long a fetch takes, receives deliveries into a local
+  priority buffer, publishes dead-letters/retries with asynchronous confirms, and acks.
+* ``concurrency`` fetch threads take deliveries from the buffer (priority_queue first), run
+  :class:`common.processing.Processor`, and hand the outcome back with
+  ``connection.add_callback_threadsafe``.
+
+A delivery is acked only once its outcome is durable: the result is in Redis, or every message
+the outcome publishes is confirmed by the broker. A failed confirm nacks it back to its queue.
+
+Stopping: the first SIGTERM/SIGINT cancels the consumers, returns not-yet-started deliveries to
+the broker, lets running fetches finish and be acked, then exits 0. A second signal exits at
+once; the broker redelivers whatever was unacked.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+import pika.exceptions
+import redis
+
+from common import topology
+from common.config import Settings
+from common.connections import connect_rabbitmq
+from common.processing import Outcome, Processor
+from common.publisher import ConfirmingPublisher
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 50.0  # below compose's stop_grace_period (60 s)
+_LOOP_TICK_S = 0.1
+_AMQP_LOST = (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError,
+              pika.exceptions.StreamLostError, pika.exceptions.ConnectionWrongStateError)
+_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError,
+               redis.ReadOnlyError)
+_STOP_THREAD = object()
+
+
+@dataclass
+class Delivery:
+    tag: int
+    queue: str
+    body: bytes
+    generation: int
+    early_acked: bool
+    received_at: float
+
+
+class Worker:
+    def __init__(self, settings: Settings, processor: Processor) -> None:
+        self.settings = settings
+        self.processor = processor
+        self.processed = 0
+        self.outcomes: dict[str, int] = {}
+        self._buffer: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._stop = threading.Event()
+        self._abort = threading.Event()
+        self._generation = 0
+        self._connection: pika.BlockingConnection | None = None
+        self._channel: Any = None
+        self._publisher: ConfirmingPublisher | None = None
+        self._inflight: dict[int, Delivery] = {}
+        self._awaiting: dict[int, list[bool]] = {}
+        self._last_delivery = time.monotonic()
+        self._threads: list[threading.Thread] = []
+
+    # -- public -------------------------------------------------------------------------------
+    def request_stop(self, *_args: object) -> None:
+        """First call: finish in-flight work and exit. Second call: exit at once."""
+        if self._stop.is_set():
+            logger.warning("second stop signal: exiting now, unacked work will be redelivered")
+            os._exit(1)
+        logger.info("stop requested: finishing in-flight work")
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def run(self) -> int:
+        """Consume until stopped or idle; returns the process exit code."""
+        self._start_threads()
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._session()
+                except _AMQP_LOST as exc:
+                    if self._stop.is_set():
+                        break
+                    logger.warning("broker connection lost (%s: %s); reconnecting",
+                                   type(exc).__name__, exc)
+                    self._drop_connection()
+                    time.sleep(1.0)
+        finally:
+            self._stop_threads()
+            self._drop_connection()
+        logger.info("worker %s stopped after %d messages %s", self.settings.worker_id,
+                    self.processed, self.outcomes)
+        return 0
+
+    # -- AMQP session (main thread) -------------------------------------------------------------
+    def _session(self) -> None:
+        self._generation += 1
+        self._inflight.clear()
+        self._awaiting.clear()
+        self._connection = connect_rabbitmq(self.settings)
+        topology.declare(self._connection.channel())
+        self._publisher = ConfirmingPublisher(self._connection)
+        self._channel = self._connection.channel()
+        self._channel.basic_qos(prefetch_count=self.settings.effective_prefetch)
+        consumer_tags = []
+        for rank, name in enumerate(topology.WORK_QUEUES):
+            callback = functools.partial(self._on_delivery, rank, name, self._generation)
+            consumer_tags.append(self._channel.basic_consume(name, callback))
+        logger.info("worker %s consuming %s (concurrency %d, prefetch %d%s)",
+                    self.settings.worker_id, ", ".join(topology.WORK_QUEUES),
+                    self.settings.concurrency, self.settings.effective_prefetch,
+                    ", priority auto-ack" if self.settings.priority_auto_ack else "")
+        self._last_delivery = time.monotonic()
+        while not self._stop.is_set():
+            self._connection.process_data_events(time_limit=_LOOP_TICK_S)
+            self._settle_confirms()
+            if self._idle_expired():
+                logger.info("no message for %.1fs: idle exit", self.settings.idle_exit_s)
+                self._stop.set()
+        self._graceful_shutdown(consumer_tags)
+
+    def _idle_expired(self) -> bool:
+        idle_s = self.settings.idle_exit_s
+        return (idle_s > 0 and not self._inflight
+                and time.monotonic() - self._last_delivery >= idle_s)
+
+    def _on_delivery(self, rank: int, queue_name: str, generation: int, channel: Any,
+                     method: Any, _properties: Any, body: bytes) -> None:
+        self._last_delivery = time.monotonic()
+        early = self.settings.priority_auto_ack and queue_name == topology.PRIORITY_QUEUE
+        if early:
+            # Auto-ack mode, implemented as ack-on-receipt so prefetch still bounds the buffer.
+            channel.basic_ack(method.delivery_tag)
+        delivery = Delivery(method.delivery_tag, queue_name, body, generation, early,
+                            time.monotonic())
+        if not early:
+            self._inflight[delivery.tag] = delivery
+        self._buffer.put((rank, next(self._seq), delivery))
+
+    def _finish(self, delivery: Delivery, outcome: Outcome | None) -> None:
+        """Runs on the main thread (via add_callback_threadsafe)."""
+        if delivery.generation != self._generation:
+            return  # its channel is gone; the broker redelivers it
+        if outcome is None:
+            self._nack(delivery.tag)
+            return
+        self.processed += 1
+        self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
+        logger.info("%s %s -> %s %s", delivery.queue, outcome.url, outcome.kind, outcome.detail)
+        if not outcome.publishes:
+            if not delivery.early_acked:
+                self._ack(delivery.tag)
+            return
+        assert self._publisher is not None
+        self._awaiting[delivery.tag] = []
+        for publish in outcome.publishes:
+            self._publisher.publish(publish.exchange, publish.routing_key, publish.body,
+                                    token=(delivery.tag, len(outcome.publishes)),
+                                    headers=publish.headers, expiration_ms=publish.expiration_ms)
+
+    def _settle_confirms(self) -> None:
+        if self._publisher is None:
+            return
+        for confirm in self._publisher.take():
+            tag, expected = confirm.token
+            results = self._awaiting.get(tag)
+            if results is None:
+                continue
+            results.append(confirm.ok)
+            if len(results) < expected:
+                continue
+            del self._awaiting[tag]
+            if tag not in self._inflight:
+                continue  # an early-acked delivery: nothing left to settle
+            if all(results):
+                self._ack(tag)
+            else:
+                logger.warning("publish for delivery %d not confirmed: returning it to its queue",
+                               tag)
+                self._nack(tag)
+
+    def _ack(self, tag: int) -> None:
+        self._inflight.pop(tag, None)
+        self._channel.basic_ack(tag)
+
+    def _nack(self, tag: int) -> None:
+        self._inflight.pop(tag, None)
+        self._channel.basic_nack(tag, requeue=True)
+
+    def _graceful_shutdown(self, consumer_tags: list[str]) -> None:
+        for tag in consumer_tags:
+            self._channel.basic_cancel(tag)
+        # Deliveries not started yet go straight back to the broker.
+        returned = 0
+        while True:
+            try:
+                _rank, _seq, item = self._buffer.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Delivery) and not item.early_acked:
+                self._nack(item.tag)
+                returned += 1
+        if returned:
+            logger.info("returned %d unstarted deliveries to the broker", returned)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        while (self._inflight or self._awaiting) and time.monotonic() < deadline:
+            self._connection.process_data_events(time_limit=_LOOP_TICK_S)
+            self._settle_confirms()
+        if self._inflight:
+            logger.warning("%d deliveries still running after %.0fs; the broker will redeliver",
+                           len(self._inflight), SHUTDOWN_GRACE_S)
+        self._connection.close()
+
+    def _drop_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        self._publisher = None
+        if connection is not None and connection.is_open:
+            try:
+                connection.close()
+            except _AMQP_LOST as exc:
+                logger.debug("closing a broken connection: %s", exc)
+
+    # -- fetch threads --------------------------------------------------------------------------
+    def _start_threads(self) -> None:
+        for index in range(self.settings.concurrency):
+            thread = threading.Thread(target=self._thread_main, name=f"fetch-{index}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _stop_threads(self) -> None:
+        for _ in self._threads:
+            self._buffer.put((-1, next(self._seq), _STOP_THREAD))
+        for thread in self._threads:
+            thread.join(timeout=SHUTDOWN_GRACE_S)
+
+    def _thread_main(self) -> None:
+        while True:
+            _rank, _seq, item = self._buffer.get()
+            if item is _STOP_THREAD:
+                return
+            outcome = self._process_with_redis_retry(item)
+            connection = self._connection
+            if connection is None or item.generation != self._generation:
+                continue
+            try:
+                connection.add_callback_threadsafe(functools.partial(self._finish, item, outcome))
+            except _AMQP_LOST as exc:
+                logger.warning("connection gone before %s could be acked: %s", item.tag, exc)
+
+    def _process_with_redis_retry(self, delivery: Delivery) -> Outcome | None:
+        """Process a delivery; while Redis is down, hold it and retry instead of dropping it."""
+        backoff_s = 0.5
+        while True:
+            try:
+                return self.processor.process(delivery.body, delivery.queue)
+            except _REDIS_DOWN as exc:
+                if self._stop.is_set():
+                    logger.warning("Redis down during shutdown; returning delivery: %s", exc)
+                    return None
+                logger.warning("Redis unavailable (%s); holding delivery, retry in %.1fs",
+                               exc, backoff_s)
+                time.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 10.0)
+            except Exception as exc:  # noqa: BLE001 - any bug in processing, see below
+                # A bug must not crash-loop the fleet on one message: log it with its
+                # traceback and dead-letter the message with the exception class.
+                logger.exception("unexpected error processing delivery from %s", delivery.queue)
+                return self.processor.worker_error(delivery.body, exc)

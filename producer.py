@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="file with one URL a line ('#' comments); repeatable; '-' = stdin")
     parser.add_argument("--priority", action="store_true", help="send every URL to priority_queue")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     if not args.urls and not args.file:
         parser.error("give URLs, -f FILE or '-' for stdin")
     return args

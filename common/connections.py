@@ -45,7 +45,7 @@ def _retrying(settings: Settings, retry_on: tuple[type[BaseException], ...],
     return Retrying(
         retry=retry_if_exception_type(retry_on),
         stop=stop_after_delay(settings.connect_retry_s),
-        wait=wait_exponential_jitter(initial=0.2, max=5.0),
+        wait=wait_exponential_jitter(multiplier=0.2, max=5.0),
         before_sleep=log_retry,
         reraise=False,
     )

@@ -95,6 +95,7 @@ class Producer:
         self._publisher: ConfirmingPublisher | None = None
 
     def __enter__(self) -> Producer:
+        self._ensure_publisher()  # fail fast, before anything is marked as seen
         return self
 
     def __exit__(self, *_exc: object) -> None:

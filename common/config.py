@@ -83,6 +83,32 @@ def _power_of_two(raw: str) -> int:
     return value
 
 
+def _rate(raw: str) -> tuple[int, int]:
+    """A rate in the `limits` notation ("60/minute", "2/second") as (amount, window_ms)."""
+    import limits  # local: only this parser needs it
+
+    item = limits.parse(raw)
+    return item.amount, item.get_expiry() * 1000
+
+
+def _rate_overrides(raw: str) -> tuple[tuple[str, tuple[int, int]], ...]:
+    """``host=rate,host=rate`` → ((host, (amount, window_ms)), ...)."""
+    pairs = []
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        host, sep, rate = part.partition("=")
+        if not sep or not host.strip():
+            raise ValueError(f"expected host=rate, got {part!r}")
+        pairs.append((host.strip().lower(), _rate(rate.strip())))
+    return tuple(pairs)
+
+
+def _fraction(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value < 1:
+        raise ValueError(f"must be in [0, 1), got {value}")
+    return value
+
+
 def _url_with_scheme(*schemes: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         parts = urlsplit(raw)
@@ -150,6 +176,32 @@ KNOBS: tuple[Knob, ...] = (
          "URLs per dedupe pipeline and confirm batch in the producer."),
     Knob("ROUTING_RULES", "routing_rules", _str, None,
          "JSON list of routing rules or @path to a JSON file (default: the prototype's rules)."),
+    Knob("RATE_LIMIT", "rate_limit", _rate, "60/minute",
+         "Requests per domain shared by the whole fleet, in `limits` notation (2/second)."),
+    Knob("RATE_LIMITS", "rate_limit_overrides", _rate_overrides, "",
+         "Per-domain overrides: host=rate,host=rate (a host also covers its subdomains)."),
+    Knob("RATE_LIMIT_GUARD", "rate_limit_guard", _fraction, "0.02",
+         "Extra fraction of the window kept free, so network jitter cannot push two "
+         "requests into one server-side window."),
+    Knob("ROBOTS_ENABLED", "robots_enabled", _bool, "true", "Obey robots.txt."),
+    Knob("ROBOTS_USER_AGENT", "robots_user_agent", _str, "scrape-fleet",
+         "Product token matched against robots.txt User-agent lines."),
+    Knob("ROBOTS_TTL_S", "robots_ttl_s", _positive_int, "86400",
+         "How long a fetched robots.txt is cached in Redis."),
+    Knob("CACHE_TTL_S", "cache_ttl_s", _non_negative_int, "60",
+         "Response cache TTL (content:{url}); 0 disables the cache."),
+    Knob("CACHE_MAX_BYTES", "cache_max_bytes", _positive_int, "1048576",
+         "Largest compressed response kept in the cache."),
+    Knob("MAX_RETRIES", "max_retries", _non_negative_int, "3",
+         "Retries of a transient failure (timeout, connection, 5xx, 429) before the DLQ."),
+    Knob("RETRY_BASE_S", "retry_base_s", _positive_float, "2",
+         "First retry delay; doubles each attempt, with full jitter."),
+    Knob("RETRY_MAX_S", "retry_max_s", _positive_float, "300",
+         "Longest backoff delay (Retry-After may ask for more, up to RETRY_AFTER_MAX_S)."),
+    Knob("RETRY_AFTER_MAX_S", "retry_after_max_s", _positive_float, "3600",
+         "Longest Retry-After honoured; longer requests are capped."),
+    Knob("FAILURES_TTL_S", "failures_ttl_s", _positive_int, "86400",
+         "Expiry of the failures:{url} retry counters."),
     Knob("LOG_LEVEL", "log_level", _log_level, "INFO", "Logging level."),
 )
 
@@ -185,6 +237,19 @@ class Settings:
     seen_buckets: int = 16384
     producer_batch: int = 1000
     routing_rules: str | None = None
+    rate_limit: tuple[int, int] = (60, 60_000)
+    rate_limit_overrides: tuple[tuple[str, tuple[int, int]], ...] = ()
+    rate_limit_guard: float = 0.02
+    robots_enabled: bool = True
+    robots_user_agent: str = "scrape-fleet"
+    robots_ttl_s: int = 86400
+    cache_ttl_s: int = 60
+    cache_max_bytes: int = 1024 * 1024
+    max_retries: int = 3
+    retry_base_s: float = 2.0
+    retry_max_s: float = 300.0
+    retry_after_max_s: float = 3600.0
+    failures_ttl_s: int = 86400
     log_level: str = "INFO"
 
     @property

@@ -19,8 +19,9 @@ Pipeline, cheapest first:
 ``bench/parse_cost.py`` measures the whole call on a 30 KB page with 100 links.
 
 Failure contract: empty or whitespace-only bodies give an empty :class:`Page`; bodies that
-look binary (a NUL or many control bytes in the first KiB) raise :class:`NotHTML`, and so does
-the rare document libxml2 refuses outright. Nothing else is raised for bad input.
+look binary (a NUL, or more than a few control bytes, in the first KiB) raise
+:class:`NotHTML`, and so does the rare document libxml2 refuses outright. Nothing else is
+raised for bad input.
 """
 
 from __future__ import annotations
@@ -52,18 +53,19 @@ DETECT_SAMPLE_BYTES = 65_536
 MIN_NON_ASCII_FOR_DETECTION = 16
 SNIFF_BYTES = 1445  # the MIME Sniffing spec's resource-header length
 BINARY_CHECK_BYTES = 1024
+# Pasted text occasionally carries a stray control byte; binaries have dozens per KiB.
+MAX_STRAY_CONTROL_BYTES = 8
 HASH_DIGEST_BYTES = 16
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 _HTML_MIME_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 # MIME Sniffing spec: these "types" mean the server did not know, so the body decides.
 _UNKNOWN_MIME_TYPES = frozenset({"", "unknown/unknown", "application/unknown", "*/*"})
-_SNIFF_HTML_PREFIXES = tuple(
-    p.encode("ascii")
-    for p in (
-        "<!doctype html", "<html", "<head", "<script", "<iframe", "<h1", "<div", "<font",
-        "<table", "<a", "<style", "<title", "<b", "<body", "<br", "<p", "<!--",
-    )
+_SNIFF_HTML_TAGS = "html head script iframe h1 div font table a style title b body br p"
+_SNIFF_HTML_PREFIXES = (
+    b"<!doctype html",
+    *(f"<{tag}".encode("ascii") for tag in _SNIFF_HTML_TAGS.split()),
+    b"<!--",
 )
 _ASCII_WS = " \t\n\r\f"
 _ASCII_WS_BYTES = b" \t\n\r\f"
@@ -76,6 +78,8 @@ _HIGH_BYTES = bytes(range(0x80, 0x100))
 _UTF16_32_BOMS = (b"\xfe\xff", b"\xff\xfe", b"\x00\x00\xfe\xff")
 
 _CHARSET_RE = re.compile(r"""charset\s*=\s*["']?\s*([^\s;"',]+)""", re.IGNORECASE)
+# Anything outside Latin letters, punctuation, currency and letterlike symbols (and U+FFFD).
+_NON_LATIN_RE = re.compile("[^\x00-\u024f\u1e00-\u1eff\u2000-\u214f\ufffd]")
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 
 # WHATWG labels Python does not know, mapped to the Python codec that decodes like the spec.
@@ -395,12 +399,14 @@ def _detect(body: bytes, tried: set[str]) -> str | None:
         if codec == "cp1252":
             return None
         try:
-            if sample.decode(codec, "replace") == sample.decode("cp1252", "replace"):
-                # Detectors cannot tell windows-1250 from 1252 on Western text; report the
-                # far more common one.
-                return "cp1252"
+            guessed = sample.decode(codec, "replace")
         except LookupError:
             continue
+        if _NON_LATIN_RE.search(guessed) is None:
+            # Detectors cannot tell Latin code pages apart (charset-normalizer calls English
+            # with smart quotes windows-1250 and turns 'naïve' into 'naďve'); for Latin text
+            # windows-1252 is both the likeliest and what browsers assume.
+            return None
         return codec
     return None
 
@@ -414,9 +420,8 @@ def _looks_binary(body: bytes, content_type: str | None) -> bool:
     head = body[:BINARY_CHECK_BYTES]
     if b"\x00" in head:
         return True
-    # Pasted text occasionally carries a stray control byte; real binaries have dozens.
     control_bytes = len(head) - len(head.translate(None, _BINARY_BYTES))
-    return control_bytes * 100 > len(head)
+    return control_bytes > MAX_STRAY_CONTROL_BYTES
 
 
 # --- tree reading ---------------------------------------------------------------------
@@ -509,7 +514,10 @@ class _Base:
 
 def _make_base(url: str) -> _Base:
     url = url.partition("#")[0]
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. 'http://[::1' (unbalanced IPv6 brackets)
+        return _Base(url, "", "", "")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return _Base(url, "", "", "")
     origin = f"{parts.scheme}://{parts.netloc}"
@@ -535,7 +543,7 @@ def _resolve(href: str, base: _Base) -> str | None:
         if href[1:2] == "/":
             url = f"{base.scheme}:{href}"
         elif "/." in href:
-            url = urljoin(base.url, href)  # dot segments need removing
+            url = _join(base.url, href)  # dot segments need removing
         else:
             url = base.origin + href
     elif first == "#" or not href:
@@ -550,13 +558,13 @@ def _resolve(href: str, base: _Base) -> str | None:
         if rest[:2] == "//":
             url = f"{scheme}:{rest}"
         elif base.scheme:
-            url = urljoin(base.url, href)  # 'http:foo' is relative to an http base
+            url = _join(base.url, href)  # 'http:foo' is relative to an http base
         else:
             return None
     elif not base.scheme:
         return None
     elif first == "?" or first == "." or "/." in href:
-        url = urljoin(base.url, href)
+        url = _join(base.url, href)
     else:
         url = base.directory + href
     fragment_at = url.find("#")
@@ -570,9 +578,14 @@ def _resolve(href: str, base: _Base) -> str | None:
     return url
 
 
-def _extract_links(
-    hrefs: list[str], base: _Base, max_links: int
-) -> tuple[tuple[str, ...], bool]:
+def _join(base_url: str, href: str) -> str:
+    try:
+        return urljoin(base_url, href)
+    except ValueError:  # unbalanced IPv6 brackets; the host check below then rejects it
+        return ""
+
+
+def _extract_links(hrefs: list[str], base: _Base, max_links: int) -> tuple[tuple[str, ...], bool]:
     """Return ``(links, truncated)``: unique resolved links in order, capped at ``max_links``."""
     seen_hrefs: set[str] = set()
     seen: set[str] = set()

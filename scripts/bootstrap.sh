@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Prepare a fresh Debian machine for the tests and the local demo. Safe to run again:
+# each step is skipped when its result is already there.
+#   1. apt packages: rabbitmq-server, redis-server, docker-compose (the v1 client, used
+#      only to validate docker-compose.yml) and python3-venv when venv is unavailable.
+#   2. .venv with requirements-dev.txt (re-installed only when the requirements change).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log() { echo "bootstrap: $*"; }
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+missing=()
+[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing+=(rabbitmq-server)
+have redis-server || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
+have docker-compose || missing+=(docker-compose)
+venv_package=()
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || venv_package=(python3-venv)
+
+if [ "${#missing[@]}" -gt 0 ] || [ "${#venv_package[@]}" -gt 0 ]; then
+    sudo_cmd=()
+    if [ "$(id -u)" -ne 0 ]; then
+        if have sudo; then
+            sudo_cmd=(sudo)
+        else
+            echo "bootstrap: need root or sudo to install: ${missing[*]} ${venv_package[*]}" >&2
+            exit 1
+        fi
+    fi
+    log "missing: ${missing[*]} ${venv_package[*]}; installing with apt-get"
+    "${sudo_cmd[@]}" apt-get update
+    # The packages' post-install may print "policy-rc.d denied execution of start" on a
+    # machine without an init system: harmless, the tests start their own servers.
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y \
+        rabbitmq-server redis-server docker-compose "${venv_package[@]}"
+else
+    log "rabbitmq-server, redis-server and docker-compose are installed"
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    log "creating .venv with $(python3 --version)"
+    python3 -m venv .venv
+else
+    log ".venv exists"
+fi
+
+stamp=.venv/.requirements-dev.sha256
+wanted="$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$wanted" ]; then
+    log "installing requirements-dev.txt into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+    echo "$wanted" > "$stamp"
+else
+    log "requirements-dev.txt already installed in .venv"
+fi

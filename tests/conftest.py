@@ -1,0 +1,146 @@
+"""Shared fixtures: real RabbitMQ/Redis (once per session), a loopback test site, a CLI runner.
+
+Services come from :func:`devtools.services.fleet_services`: RABBITMQ_URL/REDIS_URL when set,
+else Docker when a local engine answers, else the Debian binaries. When none works, tests
+that need them are skipped locally and fail under CI=true.
+
+Every test that uses ``services`` (directly or through ``settings``) is marked
+``integration``, so ``pytest -m "not integration"`` runs the rest without any server.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pika
+import pytest
+import redis
+
+from common import topology
+from common.config import Settings, load_settings
+from devtools.services import FleetServices, fleet_services
+from devtools.testsite import TestSite
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() == "true"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "services" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[FleetServices]:
+    """RabbitMQ and Redis for the whole session (a local RabbitMQ takes 5-20 s to start)."""
+    manager = fleet_services()
+    try:
+        started = manager.__enter__()
+    except RuntimeError as exc:
+        message = f"RabbitMQ/Redis unavailable: {exc}"
+        if _in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield started
+    finally:
+        manager.__exit__(None, None, None)
+
+
+@pytest.fixture
+def settings(services: FleetServices) -> Settings:
+    """Settings pointing at the session services, with Redis flushed and the topology fresh."""
+    client = redis.Redis.from_url(services.redis_url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    connection = pika.BlockingConnection(pika.URLParameters(services.rabbitmq_url))
+    try:
+        channel = connection.channel()
+        topology.delete_all(channel)
+        topology.declare(channel)
+    finally:
+        connection.close()
+    return load_settings({
+        "RABBITMQ_URL": services.rabbitmq_url,
+        "REDIS_URL": services.redis_url,
+        "LOG_LEVEL": "DEBUG",
+    })
+
+
+@pytest.fixture
+def redis_client(settings: Settings) -> Iterator[redis.Redis]:
+    """A Redis client on the (flushed) test database."""
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def amqp_channel(settings: Settings) -> Iterator[pika.adapters.blocking_connection.BlockingChannel]:
+    """A channel on a fresh BlockingConnection, closed after the test."""
+    connection = pika.BlockingConnection(pika.URLParameters(settings.rabbitmq_url))
+    try:
+        yield connection.channel()
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+@pytest.fixture(scope="session")
+def test_site() -> Iterator[TestSite]:
+    """One 300-page loopback site for the session; use ``site`` to get it with a clean log."""
+    with TestSite(pages=300) as site:
+        yield site
+
+
+@pytest.fixture
+def site(test_site: TestSite) -> TestSite:
+    """The session test site with its request log (and /flaky counters) cleared."""
+    test_site.clear_log()
+    return test_site
+
+
+@pytest.fixture
+def run_cli(settings: Settings) -> RunCli:
+    """Run ``python SCRIPT ARGS`` from the repo root against the test services.
+
+    Returns a function ``run(script, *args, env=None, timeout_s=60, input_text=None)``
+    giving a text ``CompletedProcess``; ``env`` adds to (and overrides) the inherited
+    environment, which already has RABBITMQ_URL and REDIS_URL set.
+    """
+
+    def run(
+        script: str,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 60.0,
+        input_text: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        full_env = dict(os.environ)
+        full_env.update({
+            "RABBITMQ_URL": settings.rabbitmq_url,
+            "REDIS_URL": settings.redis_url,
+            "PYTHONUNBUFFERED": "1",
+        })
+        full_env.update(env or {})
+        return subprocess.run(
+            [sys.executable, script, *args],
+            cwd=REPO_ROOT, env=full_env, text=True, capture_output=True, timeout=timeout_s,
+            input=input_text, stdin=None if input_text is not None else subprocess.DEVNULL,
+        )
+
+    return run

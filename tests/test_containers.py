@@ -1,0 +1,160 @@
+"""Static checks of the container files: compose configuration and Dockerfile lint.
+
+No Docker engine is needed: ``docker-compose config`` only parses and interpolates, and
+hadolint reads the Dockerfile.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENV_EXAMPLE = REPO_ROOT / ".env.example"
+
+
+def _require_tool(name: str, *extra_dirs: Path) -> str:
+    for directory in extra_dirs:
+        candidate = directory / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which(name)
+    if found:
+        return found
+    message = f"{name} not found: run scripts/bootstrap.sh"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def _env_example() -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return values
+
+
+def _compose_config(tmp_path: Path, variables: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`docker-compose config` with exactly ``variables`` set (no .env file is read)."""
+    binary = _require_tool("docker-compose")
+    env = {k: v for k, v in os.environ.items()
+           if k not in _env_example() and not k.startswith("COMPOSE_")}
+    env.update(variables)
+    empty_env_file = tmp_path / "empty.env"
+    empty_env_file.write_text("")
+    return subprocess.run(
+        [binary, "--env-file", str(empty_env_file), "-f", "docker-compose.yml", "config"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture(scope="module")
+def compose(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    result = _compose_config(tmp_path_factory.mktemp("compose"), _env_example())
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_env_example_defines_every_required_secret():
+    assert {"RABBITMQ_USER", "RABBITMQ_PASSWORD", "REDIS_PASSWORD"} <= set(_env_example())
+
+
+def test_compose_config_refuses_to_render_without_the_secrets(tmp_path):
+    variables = _env_example()
+    del variables["RABBITMQ_PASSWORD"]
+
+    result = _compose_config(tmp_path, variables)
+
+    assert result.returncode != 0
+    assert "RABBITMQ_PASSWORD" in result.stderr
+
+
+def test_compose_has_the_broker_redis_worker_and_tool_services(compose):
+    assert set(compose["services"]) == {
+        "rabbitmq", "redis", "scraper", "producer", "sitemap_producer"}
+
+
+def test_scraper_can_scale_with_no_container_name_and_no_ports(compose):
+    scraper = compose["services"]["scraper"]
+    assert "container_name" not in scraper
+    assert "ports" not in scraper
+    assert scraper["command"] == ["python", "worker.py"]
+    assert scraper["read_only"] is True
+    assert "/tmp" in scraper["tmpfs"]
+    assert scraper["stop_grace_period"] == "60s"
+    assert scraper["restart"] == "unless-stopped"
+    assert scraper["environment"]["RABBITMQ_HOST"] == "rabbitmq"
+    assert scraper["environment"]["REDIS_HOST"] == "redis"
+
+
+def test_published_ports_are_bound_to_loopback_only(compose):
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            spec = port if isinstance(port, str) else f"{port.get('host_ip')}:{port}"
+            assert spec.startswith("127.0.0.1:"), (name, port)
+    assert {p.split(":")[1] for p in compose["services"]["rabbitmq"]["ports"]} == {
+        "5672", "15672"}
+
+
+def test_app_services_wait_for_healthy_broker_and_redis(compose):
+    for name in ("scraper", "producer", "sitemap_producer"):
+        depends_on = compose["services"][name]["depends_on"]
+        assert depends_on == {"rabbitmq": {"condition": "service_healthy"},
+                              "redis": {"condition": "service_healthy"}}, name
+    assert "healthcheck" in compose["services"]["rabbitmq"]
+    assert "healthcheck" in compose["services"]["redis"]
+
+
+def test_tool_services_run_once_and_only_on_request(compose):
+    for name in ("producer", "sitemap_producer"):
+        service = compose["services"][name]
+        assert service["profiles"] == ["tools"]
+        assert service["restart"] == "no"
+        assert service["image"] == compose["services"]["scraper"]["image"]
+
+
+def test_redis_keeps_an_append_only_file_and_requires_a_password(compose):
+    redis = compose["services"]["redis"]
+    command = " ".join(redis["command"])
+    assert "--appendonly yes" in command
+    assert "--requirepass" in command
+    assert any(v.endswith(":/data") or ":/data:" in v for v in redis["volumes"])
+
+
+def test_every_service_has_a_memory_limit(compose):
+    for name, service in compose["services"].items():
+        assert service.get("mem_limit"), name
+
+
+def test_dockerfile_passes_hadolint():
+    hadolint = _require_tool("hadolint", Path(sys.executable).parent)
+
+    result = subprocess.run([hadolint, "Dockerfile"], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_runs_the_worker_as_a_non_root_user():
+    lines = [line.strip() for line in (REPO_ROOT / "Dockerfile").read_text().splitlines()]
+    user_lines = [line for line in lines if line.startswith("USER ")]
+    assert user_lines and user_lines[-1] not in {"USER root", "USER 0", "USER 0:0"}
+    assert lines.index(user_lines[-1]) > max(i for i, line in enumerate(lines)
+                                             if line.startswith("RUN "))
+    assert 'CMD ["python", "worker.py"]' in lines
+
+
+def test_dockerignore_keeps_secrets_and_history_out_of_the_build_context():
+    patterns = set((REPO_ROOT / ".dockerignore").read_text().split())
+    assert {".git", ".env", ".venv", "bench/out"} <= patterns

@@ -13,9 +13,7 @@ import argparse
 from common import cli
 from common.config import Settings
 from common.connections import connect_redis
-from common.fetch import Fetcher
 from common.processing import Processor
-from common.results import ResultStore
 from common.worker import Worker
 
 
@@ -36,8 +34,7 @@ def parse_args(settings: Settings) -> Settings:
 def main(settings: Settings) -> int:
     settings = parse_args(settings)
     redis_client = connect_redis(settings)
-    processor = Processor(settings, Fetcher(settings),
-                          ResultStore(redis_client, settings.results_maxlen))
+    processor = Processor(settings, redis_client)
     worker = Worker(settings, processor)
     worker.install_signal_handlers()
     return worker.run()

@@ -42,3 +42,28 @@ class FetchError(FleetError):
     def __init__(self, message: str, *, kind: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying later: the network or the server may recover."""
+        return self.kind in TRANSIENT_FETCH_KINDS
+
+
+# -- classification: what happens to a URL after each kind of failure -------------------------
+
+#: FetchError kinds that are retried with backoff; every other kind dead-letters at once.
+TRANSIENT_FETCH_KINDS = frozenset({"timeout", "connection"})
+
+OK = "ok"
+PERMANENT = "permanent"
+TRANSIENT = "transient"
+
+
+def classify_status(status: int) -> str:
+    """``ok`` (record the result), ``transient`` (retry with backoff: 408, 429, 5xx) or
+    ``permanent`` (dead-letter at once, no retry: 404, 410 and every other 4xx)."""
+    if status in (408, 429) or status >= 500:
+        return TRANSIENT
+    if status >= 400:
+        return PERMANENT
+    return OK

@@ -1,15 +1,24 @@
 """Redis key schema — every key this project touches is built here.
 
-    crawled_urls:{b}     SET of signed 64-bit integers. The seen-set, split into SEEN_BUCKETS
-                         small sets so each stays an intset (8 bytes a member, no per-member
-                         object). A URL's 128-bit fingerprint picks bucket ``b`` (hex) with its
-                         top bits and stores the next 64 bits as the member. See NOTES.md #4.
-    results              STREAM, one entry per fetched URL (field ``json``: the result record),
-                         bounded with an approximate MAXLEN (RESULTS_MAXLEN).
-    stats:counters       HASH of fleet-wide counters (released fingerprints, expired messages,
-                         dead-lettered by reason, ...), incremented with HINCRBY.
+    crawled_urls:{b}         SET of signed 64-bit integers. The seen-set, split into
+                             SEEN_BUCKETS small sets so each stays an intset (8 bytes a
+                             member). A URL's 128-bit fingerprint picks bucket ``b`` (hex) with
+                             its top bits and stores the next 64 bits. NOTES.md #4.
+    results                  STREAM, one entry per fetched URL (field ``json``), capped with an
+                             approximate MAXLEN (RESULTS_MAXLEN).
+    stats:counters           HASH of fleet-wide counters (HINCRBY): cache_hits, cache_misses,
+                             expired, released, retries, robots_blocked, rate_limited,
+                             dead_lettered:{reason}.
+    content:{url}            STRING, the response cache: zlib-compressed header + body of a
+                             200 response, PX CACHE_TTL_S.
+    ratelimit:{domain}       ZSET, sliding log of permits (score = Redis ms clock), PX window.
+    ratelimit:{domain}:next  STRING, the domain's next bookable slot (ms), PX.
+    failures:{url}           STRING counter of failed attempts, EX FAILURES_TTL_S.
+    robots:{origin}          STRING, JSON {status, body, fetched_at} of the origin's robots.txt,
+                             EX ROBOTS_TTL_S (shorter for an unavailable one).
+    robots:lock:{origin}     STRING, held (NX PX 30 s) by the one worker fetching robots.txt.
 
-Nothing else is written. ``SCAN crawled_urls:*`` walks the seen-set.
+``{url}`` is the canonical URL; ``{origin}`` is scheme://host[:port]; ``{domain}`` the host.
 """
 
 from __future__ import annotations
@@ -22,3 +31,27 @@ COUNTERS = "stats:counters"
 def seen_bucket(bucket: int) -> str:
     """The seen-set member key for bucket number ``bucket``."""
     return f"{SEEN_PREFIX}{bucket:x}"
+
+
+def content_key(url: str) -> str:
+    return f"content:{url}"
+
+
+def rate_log_key(domain: str) -> str:
+    return f"ratelimit:{domain}"
+
+
+def rate_slot_key(domain: str) -> str:
+    return f"ratelimit:{domain}:next"
+
+
+def failures_key(url: str) -> str:
+    return f"failures:{url}"
+
+
+def robots_key(origin: str) -> str:
+    return f"robots:{origin}"
+
+
+def robots_lock_key(origin: str) -> str:
+    return f"robots:lock:{origin}"

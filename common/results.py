@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from common.keys import RESULTS_STREAM
+from common.keys import COUNTERS, RESULTS_STREAM, content_key, failures_key
 
 
 class ResultStore:
@@ -23,11 +23,21 @@ class ResultStore:
         self.client = client
         self.maxlen = maxlen
 
-    def record(self, record: dict[str, Any]) -> str:
-        """Append one result; returns its stream id."""
-        entry_id = self.client.xadd(RESULTS_STREAM, {"json": encode(record)},
-                                    maxlen=self.maxlen, approximate=True)
-        return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    def record(self, record: dict[str, Any], *, cache: tuple[bytes, int] | None = None,
+               counters: dict[str, int] | None = None, clear_failures: bool = False) -> None:
+        """Append one result and do the URL's other bookkeeping in the same round trip:
+        store the response in the cache (value, ttl_s), bump counters, and clear the URL's
+        retry counter after a success."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(RESULTS_STREAM, {"json": encode(record)}, maxlen=self.maxlen,
+                  approximate=True)
+        if cache is not None:
+            pipe.set(content_key(record["url"]), cache[0], ex=cache[1])
+        for name, amount in (counters or {}).items():
+            pipe.hincrby(COUNTERS, name, amount)
+        if clear_failures:
+            pipe.delete(failures_key(record["url"]))
+        pipe.execute()
 
     def count(self) -> int:
         return int(self.client.xlen(RESULTS_STREAM))

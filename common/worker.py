@@ -125,7 +125,9 @@ class Worker:
         self._channel = self._connection.channel()
         self._channel.basic_qos(prefetch_count=self.settings.effective_prefetch)
         consumer_tags = []
-        for rank, name in enumerate(topology.WORK_QUEUES):
+        # Rank decides who a free fetch thread serves first: expired messages (a cheap Redis
+        # call each), then priority_queue, then url_queue_ttl.
+        for rank, name in enumerate((topology.EXPIRED_QUEUE, *topology.WORK_QUEUES)):
             callback = functools.partial(self._on_delivery, rank, name, self._generation)
             consumer_tags.append(self._channel.basic_consume(name, callback))
         logger.info("worker %s consuming %s (concurrency %d, prefetch %d%s)",
@@ -168,7 +170,8 @@ class Worker:
             return
         self.processed += 1
         self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
-        logger.info("%s %s -> %s %s", delivery.queue, outcome.url, outcome.kind, outcome.detail)
+        logger.log(logging.DEBUG if outcome.kind == "delay" else logging.INFO, "%s %s -> %s %s",
+                   delivery.queue, outcome.url, outcome.kind, outcome.detail)
         if not outcome.publishes:
             if not delivery.early_acked:
                 self._ack(delivery.tag)
@@ -274,6 +277,8 @@ class Worker:
         backoff_s = 0.5
         while True:
             try:
+                if delivery.queue == topology.EXPIRED_QUEUE:
+                    return self.processor.process_expired(delivery.body)
                 return self.processor.process(delivery.body, delivery.queue)
             except _REDIS_DOWN as exc:
                 if self._stop.is_set():

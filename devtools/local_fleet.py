@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pages", type=int, default=200, help="pages per demo site")
     parser.add_argument("--sites", type=int, default=3, help="demo sites (127.0.0.1, .2, ...)")
     parser.add_argument("--timeout", type=float, default=300, help="give up after this long")
+    parser.add_argument("--rate-limit", default="25/second",
+                        help="per-domain limit for the demo (RATE_LIMIT wins when set)")
     args = parser.parse_args(argv)
 
     print(f"starting RabbitMQ, Redis and {args.sites} demo site(s)...", flush=True)
@@ -40,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         with fleet_services() as services, tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, RABBITMQ_URL=services.rabbitmq_url,
                        REDIS_URL=services.redis_url, PYTHONUNBUFFERED="1",
-                       LOG_LEVEL=os.environ.get("LOG_LEVEL", "WARNING"))
+                       LOG_LEVEL=os.environ.get("LOG_LEVEL", "WARNING"),
+                       RATE_LIMIT=os.environ.get("RATE_LIMIT", args.rate_limit))
             if services.management_url:
                 print(f"RabbitMQ management UI: {services.management_url}", flush=True)
             seeds = Path(tmp) / "seeds.txt"

@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 
 import pika
 import pytest
@@ -24,10 +23,10 @@ from common import topology
 from common.config import Settings, load_settings
 from devtools.services import FleetServices, fleet_services
 from devtools.testsite import TestSite
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT, TEST_ENV
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
+
 
 
 def _in_ci() -> bool:
@@ -75,7 +74,7 @@ def settings(services: FleetServices) -> Settings:
     return load_settings({
         "RABBITMQ_URL": services.rabbitmq_url,
         "REDIS_URL": services.redis_url,
-        "LOG_LEVEL": "DEBUG",
+        **TEST_ENV,
     })
 
 
@@ -131,6 +130,7 @@ def run_cli(settings: Settings) -> RunCli:
         input_text: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         full_env = dict(os.environ)
+        full_env.update(TEST_ENV)
         full_env.update({
             "RABBITMQ_URL": settings.rabbitmq_url,
             "REDIS_URL": settings.redis_url,

@@ -3,19 +3,58 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pika
 import redis
 
 from common.config import Settings
-from common.fetch import Fetcher
 from common.processing import Processor
-from common.results import ResultStore
 from common.worker import Worker
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: Settings every test process starts from (fixture ``settings``, ``run_cli``, worker
+#: subprocesses): politeness and backoff fast enough for tests that are not about them.
+#: Tests about rate limits and retries set their own values.
+TEST_ENV: dict[str, str] = {
+    "LOG_LEVEL": "INFO",
+    "RATE_LIMIT": "1000/second",
+    "RETRY_BASE_S": "0.05",
+    "RETRY_MAX_S": "1",
+}
+
+
+def start_worker_process(settings: Settings, *args: str, env: dict[str, str] | None = None,
+                         **popen: Any) -> subprocess.Popen:
+    """``python worker.py ARGS`` against the test services, with TEST_ENV and ``env``."""
+    full_env = dict(os.environ, **TEST_ENV, RABBITMQ_URL=settings.rabbitmq_url,
+                    REDIS_URL=settings.redis_url, PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
+    # Output goes to a file, never an unread pipe: a full pipe would block the worker.
+    log = tempfile.TemporaryFile(mode="w+")
+    popen.setdefault("stdout", log)
+    popen.setdefault("stderr", subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "worker.py", *args], cwd=REPO_ROOT, env=full_env,
+                            text=True, **popen)
+    proc.log_file = log  # type: ignore[attr-defined]
+    return proc
+
+
+def output_of(proc: subprocess.Popen) -> str:
+    """What a process from :func:`start_worker_process` printed so far."""
+    log = proc.log_file  # type: ignore[attr-defined]
+    log.flush()
+    log.seek(0)
+    return log.read()
 
 
 def queue_depth(channel: Any, name: str) -> int:
@@ -61,8 +100,7 @@ class WorkerThread:
 
     def __init__(self, settings: Settings) -> None:
         client = redis.Redis.from_url(settings.redis_url)
-        self.worker = Worker(settings, Processor(settings, Fetcher(settings),
-                                                 ResultStore(client, settings.results_maxlen)))
+        self.worker = Worker(settings, Processor(settings, client))
         self.exit_code: int | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 

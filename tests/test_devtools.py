@@ -53,7 +53,7 @@ def test_rabbitmq_fixture_delivers_a_published_message(amqp_channel):
 
 
 def test_settings_fixture_leaves_the_topology_declared_and_empty(settings, amqp_channel):
-    assert settings.log_level == "DEBUG"
+    assert settings.rabbitmq_url and settings.redis_url
     for spec in topology.QUEUES:
         declared = amqp_channel.queue_declare(queue=spec.name, passive=True)
         assert declared.method.message_count == 0

@@ -1,12 +1,8 @@
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections import Counter
 
-from tests.conftest import REPO_ROOT
-from tests.helpers import queue_depth, results
+from tests.helpers import output_of, queue_depth, results, start_worker_process
 
 
 def test_two_worker_processes_drain_a_seeded_crawl_with_exactly_one_result_per_url(
@@ -21,14 +17,10 @@ def test_two_worker_processes_drain_a_seeded_crawl_with_exactly_one_result_per_u
     assert seeded.returncode == 0, seeded.stderr
     assert seeded.stdout.split()[:3] == ["read=380", "new=300", "duplicate=80"]
 
-    env = dict(os.environ, RABBITMQ_URL=settings.rabbitmq_url, REDIS_URL=settings.redis_url,
-               PYTHONUNBUFFERED="1")
-    workers = [subprocess.Popen([sys.executable, "worker.py", "--concurrency", "4",
-                                 "--idle-exit", "3"], cwd=REPO_ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    workers = [start_worker_process(settings, "--concurrency", "4", "--idle-exit", "3")
                for _ in range(2)]
-    outputs = [w.communicate(timeout=120)[1] for w in workers]
-    assert [w.returncode for w in workers] == [0, 0], outputs
+    codes = [w.wait(timeout=120) for w in workers]
+    assert codes == [0, 0], [output_of(w)[-3000:] for w in workers]
 
     records = results(redis_client)
     per_url = Counter(r["url"] for r in records)

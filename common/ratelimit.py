@@ -1,0 +1,111 @@
+"""Per-domain rate limit shared by every worker, decided atomically in Redis.
+
+One Lua script (:data:`ADMIT_LUA`) is the worker's first round trip for every URL. It:
+
+1. returns the cached response when ``content:{url}`` holds one (a cache hit needs no permit);
+2. else applies a *sliding log* limit: at most ``amount`` permits in any ``window + guard``
+   milliseconds, timestamps from Redis's own clock (TIME), so worker clocks never matter;
+3. when the domain is full, books the caller a future slot instead of a plain "no": the slot is
+   ``max(when the oldest permit leaves the window, the domain's next free slot)`` and the next
+   free slot moves on by ``(window + guard) / amount``. Parked URLs thus wake up staggered,
+   one per free slot, instead of all at once.
+
+Why a sliding log and not INCR/EXPIRE windows: fixed windows allow 2×amount across a window
+boundary, and the limit is checked against the *site's* request log. Why not the ``limits``
+library's moving window: we need "when will there be room" from the same atomic call, and the
+cache lookup in it too, to stay at one round trip (NOTES.md #11). ``limits`` parses the notation.
+
+The guard (RATE_LIMIT_GUARD, 2% of the window) absorbs the jitter between the permit and the
+request reaching the site.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import redis
+
+from common.config import Settings
+from common.keys import content_key, rate_log_key, rate_slot_key
+
+# KEYS[1] content:{url}   KEYS[2] ratelimit:{domain}   KEYS[3] ratelimit:{domain}:next
+# ARGV[1] amount  ARGV[2] span_ms (window + guard)  ARGV[3] spacing_ms  ARGV[4] check cache (0/1)
+# Returns {cached_body or false, 1 = go now / 0 = wait, wait_ms}
+ADMIT_LUA = """
+if ARGV[4] == '1' then
+  local cached = redis.call('GET', KEYS[1])
+  if cached then return {cached, 1, 0} end
+end
+local amount = tonumber(ARGV[1])
+local span = tonumber(ARGV[2])
+local spacing = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - span)
+local count = redis.call('ZCARD', KEYS[2])
+if count < amount then
+  redis.call('ZADD', KEYS[2], now, t[1] .. t[2] .. ':' .. count)
+  redis.call('PEXPIRE', KEYS[2], span)
+  return {false, 1, 0}
+end
+local entry = redis.call('ZRANGE', KEYS[2], count - amount, count - amount, 'WITHSCORES')
+local free_at = tonumber(entry[2]) + span + 1
+local slot = tonumber(redis.call('GET', KEYS[3]) or '0')
+if slot < free_at then slot = free_at end
+redis.call('SET', KEYS[3], slot + spacing, 'PX', slot + spacing - now + span)
+return {false, 0, slot - now}
+"""
+
+
+@dataclass(frozen=True)
+class Rate:
+    amount: int
+    window_ms: int
+
+    @property
+    def per_second(self) -> float:
+        return self.amount * 1000 / self.window_ms
+
+    def stricter(self, other: Rate | None) -> Rate:
+        if other is None:
+            return self
+        return other if other.per_second < self.per_second else self
+
+
+@dataclass(frozen=True)
+class Admission:
+    go: bool
+    wait_ms: int = 0
+    cached: bytes | None = None
+
+
+class RateLimiter:
+    """Rates per domain and the atomic admit call."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.client = client
+        self.default = Rate(*settings.rate_limit)
+        self.overrides = tuple((host, Rate(*rate)) for host, rate in settings.rate_limit_overrides)
+        self.guard = settings.rate_limit_guard
+        self._admit = client.register_script(ADMIT_LUA)
+
+    def rate_for(self, domain: str, crawl_delay_s: float | None = None) -> Rate:
+        """The configured rate for ``domain``, made stricter by a robots.txt Crawl-delay."""
+        rate = self.default
+        for host, override in self.overrides:
+            if domain == host or domain.endswith("." + host):
+                rate = override
+                break
+        if crawl_delay_s and crawl_delay_s > 0:
+            rate = rate.stricter(Rate(1, max(1, math.ceil(crawl_delay_s * 1000))))
+        return rate
+
+    def admit(self, domain: str, rate: Rate, cache_url: str | None = None) -> Admission:
+        """One round trip: a cache hit, a permit now, or how long to wait for a booked slot."""
+        span_ms = rate.window_ms + math.ceil(rate.window_ms * self.guard)
+        spacing_ms = math.ceil(span_ms / rate.amount)
+        cached, go, wait_ms = self._admit(
+            keys=[content_key(cache_url or ""), rate_log_key(domain), rate_slot_key(domain)],
+            args=[rate.amount, span_ms, spacing_ms, 1 if cache_url else 0])
+        return Admission(go=bool(go), wait_ms=int(wait_ms), cached=cached or None)

@@ -20,8 +20,12 @@ def collect(settings: Settings, connection: pika.BlockingConnection,
     channel = connection.channel()
     topology.declare(channel)
     queues: dict[str, dict[str, int]] = {}
+    held = 0
     for spec in topology.QUEUES:
         ok = channel.queue_declare(queue=spec.name, passive=True).method
+        if spec.name.startswith("hold."):
+            held += ok.message_count
+            continue
         queues[spec.name] = {"ready": ok.message_count, "consumers": ok.consumer_count}
     channel.close()
     counters = {k.decode(): int(v) for k, v in client.hgetall(COUNTERS).items()}
@@ -29,6 +33,7 @@ def collect(settings: Settings, connection: pika.BlockingConnection,
         "queues": queues,
         "dead_lettered": queues[topology.FAILED_QUEUE]["ready"],
         "expired": queues[topology.EXPIRED_QUEUE]["ready"],
+        "delayed": held,
         "seen": SeenSet(client, settings.seen_buckets).count(),
         "results": ResultStore(client, settings.results_maxlen).count(),
         "counters": counters,
@@ -41,7 +46,13 @@ def render(snapshot: dict[str, Any]) -> str:
     for name, q in snapshot["queues"].items():
         lines.append(f"{name:<16}{q['ready']:>10}{q['consumers']:>11}")
     lines.append(f"seen URLs: {snapshot['seen']}   results: {snapshot['results']}   "
-                 f"dead-lettered: {snapshot['dead_lettered']}   expired: {snapshot['expired']}")
+                 f"dead-lettered: {snapshot['dead_lettered']}   delayed: {snapshot['delayed']}   "
+                 f"expired (waiting release): {snapshot['expired']}")
+    counters = snapshot["counters"]
+    hits, misses = counters.get("cache_hits", 0), counters.get("cache_misses", 0)
+    if hits or misses:
+        lines.append(f"cache: hits={hits} misses={misses} "
+                     f"hit_ratio={hits / (hits + misses):.2f}")
     if snapshot["counters"]:
         lines.append("counters: " + " ".join(f"{k}={v}" for k, v in
                                              sorted(snapshot["counters"].items())))

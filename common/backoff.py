@@ -21,7 +21,7 @@ def parse_retry_after_s(value: str | None, *, now: datetime | None = None) -> fl
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = parsedate_to_datetime(value)

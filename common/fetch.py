@@ -75,14 +75,14 @@ class Fetcher:
                     elapsed_ms=(time.perf_counter() - started) * 1000, truncated=truncated,
                     headers={k.lower(): v for k, v in response.headers.items()})
         except requests.Timeout as exc:
-            raise FetchError(f"timeout: {exc}", kind="timeout") from None
+            raise FetchError(f"{type(exc).__name__}: {exc}", kind="timeout") from None
         except requests.TooManyRedirects as exc:
-            raise FetchError(str(exc), kind="too_many_redirects") from None
+            raise FetchError(f"{type(exc).__name__}: {exc}", kind="too_many_redirects") from None
         except (requests.ConnectionError, urllib3.exceptions.HTTPError) as exc:
             raise FetchError(f"{type(exc).__name__}: {exc}", kind="connection") from None
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
                 requests.exceptions.InvalidSchema) as exc:
-            raise FetchError(str(exc), kind="invalid") from None
+            raise FetchError(f"{type(exc).__name__}: {exc}", kind="invalid") from None
         except requests.RequestException as exc:
             raise FetchError(f"{type(exc).__name__}: {exc}", kind="connection") from None
 

@@ -15,7 +15,7 @@ from common.fetch import FetchResult
 
 def encode(response: FetchResult, max_bytes: int) -> bytes | None:
     """The cache value for ``response``, or None when it must not or cannot be cached."""
-    if response.status != 200 or response.truncated:
+    if response.status != 200 or response.truncated or response.skipped:
         return None
     header = json.dumps({"final_url": response.final_url, "status": response.status,
                          "content_type": response.content_type}).encode()

@@ -109,6 +109,12 @@ def _fraction(raw: str) -> float:
     return value
 
 
+def _networks(raw: str) -> tuple[Any, ...]:
+    from common.netguard import parse_networks  # local: netguard imports errors only
+
+    return parse_networks(raw)
+
+
 def _url_with_scheme(*schemes: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         parts = urlsplit(raw)
@@ -166,6 +172,18 @@ KNOBS: tuple[Knob, ...] = (
     Knob("READ_TIMEOUT_S", "read_timeout_s", _positive_float, "20", "HTTP read timeout."),
     Knob("MAX_BODY_BYTES", "max_body_bytes", _positive_int, "10485760",
          "Largest response body read (decoded bytes); longer bodies are cut and marked."),
+    Knob("FETCH_ALLOW_NETWORKS", "fetch_allow_networks", _networks, "",
+         "CIDRs the address guard lets fetches connect to although they are not public "
+         "(e.g. 127.0.0.0/8 for local test sites). Empty: public addresses only."),
+    Knob("MAX_REDIRECTS", "max_redirects", _non_negative_int, "10",
+         "Redirect hops followed (each hop guarded and capped)."),
+    Knob("MAX_HEADER_BYTES", "max_header_bytes", _positive_int, "65536",
+         "Largest total size of response headers."),
+    Knob("FETCH_TOTAL_TIMEOUT_S", "fetch_total_timeout_s", _positive_float, "60",
+         "Longest a whole fetch may take, redirects and a slow-drip body included."),
+    Knob("ALLOWED_CONTENT_TYPES", "allowed_content_types", _str,
+         "text/html,application/xhtml+xml",
+         "Content types whose body is read and parsed; others are recorded, not read."),
     Knob("RESULTS_MAXLEN", "results_maxlen", _positive_int, "1000000",
          "Approximate MAXLEN of the `results` stream."),
     Knob("MAX_URL_LENGTH", "max_url_length", _positive_int, "2048",
@@ -232,6 +250,11 @@ class Settings:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 20.0
     max_body_bytes: int = 10 * 1024 * 1024
+    fetch_allow_networks: tuple[Any, ...] = ()
+    max_redirects: int = 10
+    max_header_bytes: int = 65536
+    fetch_total_timeout_s: float = 60.0
+    allowed_content_types: str = "text/html,application/xhtml+xml"
     results_maxlen: int = 1_000_000
     max_url_length: int = 2048
     seen_buckets: int = 16384
@@ -314,8 +337,22 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+def update_readme(path: str) -> None:
+    """Rewrite the table between README's config-table markers."""
+    import re
+    from pathlib import Path
+
+    readme = Path(path)
+    text = readme.read_text(encoding="utf-8")
+    updated = re.sub(r"(<!-- config-table:start -->\n).*?(\n<!-- config-table:end -->)",
+                     lambda m: m.group(1) + markdown_table() + m.group(2), text, flags=re.S)
+    readme.write_text(updated, encoding="utf-8")
+
+
 if __name__ == "__main__":
     if "--markdown" in sys.argv:
         print(markdown_table())
+    elif "--update-readme" in sys.argv:
+        update_readme("README.md")
     else:
         print(load_settings())

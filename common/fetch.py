@@ -1,25 +1,43 @@
-"""HTTP fetching: pooled ``requests`` sessions, timeouts, a body-size cap.
+"""HTTP fetching with the fleet's rules: guarded addresses, own redirects, caps, timeouts.
 
-One ``requests.Session`` per worker thread (sessions are not documented as thread-safe), each
-with a keep-alive connection pool, so a worker re-uses TCP connections to a site across pages.
-The body is streamed and cut at ``MAX_BODY_BYTES`` of *decoded* bytes, so a compressed bomb
-stops early instead of filling memory.
+* One ``requests.Session`` per fetch thread (sessions are not documented as thread-safe), each
+  with a keep-alive pool, ``trust_env`` off (no proxy or .netrc from the environment).
+* The address guard (common/netguard.py) runs inside urllib3's connection set-up: the host is
+  resolved once, each address is checked, and only an allowed one is connected to. That is the
+  address actually used, on every redirect hop; a name that resolves to 127.0.0.1 or
+  169.254.169.254 gets nowhere unless FETCH_ALLOW_NETWORKS says so.
+* Redirects are followed here, not by requests (which reads every 3xx body unbounded): at most
+  MAX_REDIRECTS hops, http/https only, 3xx bodies never read.
+* Caps: decoded body (MAX_BODY_BYTES, counted after decompression, so gzip bombs stop early),
+  header bytes (MAX_HEADER_BYTES), total time per fetch (FETCH_TOTAL_TIMEOUT_S, against
+  slow-drip servers), content types (ALLOWED_CONTENT_TYPES; others are recorded, not read).
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urljoin, urlsplit
 
 import requests
 import requests.adapters
 import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import NewConnectionError
 
 from common.config import Settings
 from common.errors import FetchError
+from common.netguard import AddressGuard
 
 _CHUNK_BYTES = 64 * 1024
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class BlockedAddress(NewConnectionError):
+    """The guard refused every address the host resolved to."""
 
 
 @dataclass(frozen=True)
@@ -32,22 +50,75 @@ class FetchResult:
     elapsed_ms: float
     truncated: bool = False
     headers: dict[str, str] = field(default_factory=dict)
+    redirects: int = 0
+    skipped: str | None = None  # why the body was not read (content type)
+
+
+def _guarded_connection_class(base: type[HTTPConnection], guard: AddressGuard) -> type:
+    class GuardedConnection(base):  # type: ignore[misc, valid-type]
+        def _new_conn(self) -> socket.socket:
+            try:
+                infos = socket.getaddrinfo(self._dns_host, self.port, type=socket.SOCK_STREAM)
+            except socket.gaierror as exc:
+                raise NewConnectionError(self, f"name resolution failed: {exc}") from exc
+            refused = []
+            for family, socktype, proto, _name, sockaddr in infos:
+                address = sockaddr[0]
+                if not guard.allowed(address):
+                    refused.append(address)
+                    continue
+                sock = socket.socket(family, socktype, proto)
+                try:
+                    for option in self.socket_options or ():
+                        sock.setsockopt(*option)
+                    if isinstance(self.timeout, int | float):
+                        sock.settimeout(self.timeout)
+                    sock.connect(sockaddr)
+                except OSError as exc:
+                    sock.close()
+                    if isinstance(exc, TimeoutError | socket.timeout):
+                        raise urllib3.exceptions.ConnectTimeoutError(
+                            self, f"connect to {address} timed out") from exc
+                    raise NewConnectionError(self, f"connect to {address}: {exc}") from exc
+                return sock
+            raise BlockedAddress(self, guard.reason(", ".join(refused) or self._dns_host))
+
+    return GuardedConnection
+
+
+class _GuardedAdapter(requests.adapters.HTTPAdapter):
+    def __init__(self, guard: AddressGuard, **kwargs: object) -> None:
+        self._guard = guard
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+
+    def init_poolmanager(self, *args: object, **kwargs: object) -> None:
+        super().init_poolmanager(*args, **kwargs)  # type: ignore[arg-type]
+        http_conn = _guarded_connection_class(HTTPConnection, self._guard)
+        https_conn = _guarded_connection_class(HTTPSConnection, self._guard)
+        http_pool = type("GuardedHTTPPool", (HTTPConnectionPool,), {"ConnectionCls": http_conn})
+        https_pool = type("GuardedHTTPSPool", (HTTPSConnectionPool,),
+                          {"ConnectionCls": https_conn})
+        self.poolmanager.pool_classes_by_scheme = {"http": http_pool, "https": https_pool}
 
 
 class Fetcher:
-    """Fetches URLs with the fleet's timeouts, User-Agent and size cap."""
+    """Fetches URLs with the fleet's timeouts, User-Agent, address guard and caps."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, guard: AddressGuard | None = None) -> None:
         self.settings = settings
+        self.guard = guard or AddressGuard(settings.fetch_allow_networks)
         self.timeout = (settings.connect_timeout_s, settings.read_timeout_s)
+        self.allowed_types = tuple(t.strip().lower() for t in
+                                   settings.allowed_content_types.split(",") if t.strip())
         self._local = threading.local()
 
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
-            adapter = requests.adapters.HTTPAdapter(pool_connections=32, pool_maxsize=4,
-                                                    max_retries=0)
+            session.trust_env = False
+            adapter = _GuardedAdapter(self.guard, pool_connections=32, pool_maxsize=4,
+                                      max_retries=0)
             session.mount("http://", adapter)
             session.mount("https://", adapter)
             session.headers.update({
@@ -55,44 +126,119 @@ class Fetcher:
                 "Accept": "text/html,application/xhtml+xml;q=0.9,*/*;q=0.5",
                 "Accept-Encoding": "gzip, deflate",
             })
-            session.max_redirects = 10
             self._local.session = session
         return session
 
-    def fetch(self, url: str) -> FetchResult:
-        """GET ``url``; any HTTP status is a result, only transport failures raise.
+    def fetch(self, url: str, *, accept_any_type: bool = False) -> FetchResult:
+        """GET ``url``, following redirects ourselves; any final HTTP status is a result.
+
+        Args:
+            url: an http(s) URL.
+            accept_any_type: read the body whatever its content type (robots.txt, sitemaps).
 
         Raises:
-            FetchError: ``kind`` is timeout, connection, too_many_redirects or invalid.
+            FetchError: ``kind`` is timeout, connection (transient), or blocked,
+                too_many_redirects, bad_redirect, headers_too_large, invalid (permanent).
         """
         started = time.perf_counter()
+        deadline = time.monotonic() + self.settings.fetch_total_timeout_s
+        current = url
+        for hop in range(self.settings.max_redirects + 1):
+            response = self._get(current)
+            with response:
+                self._check_headers(response)
+                location = response.headers.get("Location")
+                if response.status_code in _REDIRECTS and location:
+                    current = self._next_hop(current, location)
+                    continue
+                content_type = response.headers.get("Content-Type")
+                headers = {k.lower(): v for k, v in response.headers.items()}
+                if not accept_any_type and not self._wanted(content_type):
+                    return FetchResult(url, current, response.status_code, content_type, b"",
+                                       _ms_since(started), headers=headers, redirects=hop,
+                                       skipped="content_type")
+                body, truncated = self._read_capped(response, deadline)
+                return FetchResult(url, current, response.status_code, content_type, body,
+                                   _ms_since(started), truncated, headers, redirects=hop)
+        raise FetchError(f"more than {self.settings.max_redirects} redirects",
+                         kind="too_many_redirects")
+
+    def _get(self, url: str) -> requests.Response:
         try:
-            with self._session().get(url, timeout=self.timeout, stream=True) as response:
-                body, truncated = self._read_capped(response)
-                return FetchResult(
-                    url=url, final_url=response.url, status=response.status_code,
-                    content_type=response.headers.get("Content-Type"), body=body,
-                    elapsed_ms=(time.perf_counter() - started) * 1000, truncated=truncated,
-                    headers={k.lower(): v for k, v in response.headers.items()})
+            return self._session().get(url, timeout=self.timeout, stream=True,
+                                       allow_redirects=False)
+        except requests.ConnectionError as exc:
+            if _caused_by(exc, BlockedAddress):
+                raise FetchError(str(_caused_by(exc, BlockedAddress)), kind="blocked") from None
+            if isinstance(exc, requests.ConnectTimeout):
+                raise FetchError(f"{type(exc).__name__}: {exc}", kind="timeout") from None
+            raise FetchError(f"{type(exc).__name__}: {exc}", kind="connection") from None
         except requests.Timeout as exc:
             raise FetchError(f"{type(exc).__name__}: {exc}", kind="timeout") from None
-        except requests.TooManyRedirects as exc:
-            raise FetchError(f"{type(exc).__name__}: {exc}", kind="too_many_redirects") from None
-        except (requests.ConnectionError, urllib3.exceptions.HTTPError) as exc:
-            raise FetchError(f"{type(exc).__name__}: {exc}", kind="connection") from None
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
-                requests.exceptions.InvalidSchema) as exc:
+                requests.exceptions.InvalidSchema, requests.exceptions.InvalidHeader,
+                UnicodeError, ValueError) as exc:
             raise FetchError(f"{type(exc).__name__}: {exc}", kind="invalid") from None
-        except requests.RequestException as exc:
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
             raise FetchError(f"{type(exc).__name__}: {exc}", kind="connection") from None
 
-    def _read_capped(self, response: requests.Response) -> tuple[bytes, bool]:
+    def _next_hop(self, current: str, location: str) -> str:
+        target = urljoin(current, location.strip())
+        if urlsplit(target).scheme not in ("http", "https"):
+            raise FetchError(f"redirect to a non-http URL: {target[:200]}", kind="bad_redirect")
+        return target.split("#", 1)[0]
+
+    def _check_headers(self, response: requests.Response) -> None:
+        size = sum(len(k) + len(v) + 4 for k, v in response.raw.headers.items())
+        if size > self.settings.max_header_bytes:
+            raise FetchError(f"response headers of {size} bytes exceed "
+                             f"{self.settings.max_header_bytes}", kind="headers_too_large")
+
+    def _wanted(self, content_type: str | None) -> bool:
+        if content_type is None:
+            return True  # unknown: read it (capped) and let the parser sniff
+        mime = content_type.split(";", 1)[0].strip().lower()
+        return mime in self.allowed_types
+
+    def _read_capped(self, response: requests.Response, deadline: float) -> tuple[bytes, bool]:
         cap = self.settings.max_body_bytes
         chunks: list[bytes] = []
         size = 0
-        for chunk in response.iter_content(_CHUNK_BYTES):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > cap:
-                return b"".join(chunks)[:cap], True
+        try:
+            for chunk in response.iter_content(_CHUNK_BYTES):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > cap:
+                    return b"".join(chunks)[:cap], True
+                if time.monotonic() > deadline:
+                    raise FetchError(f"fetch took longer than "
+                                     f"{self.settings.fetch_total_timeout_s:g}s (slow body)",
+                                     kind="timeout")
+        except requests.exceptions.ChunkedEncodingError as exc:
+            raise FetchError(f"{type(exc).__name__}: {exc}", kind="connection") from None
+        except requests.exceptions.ContentDecodingError as exc:
+            raise FetchError(f"{type(exc).__name__}: {exc}", kind="invalid") from None
+        except requests.exceptions.ConnectionError as exc:
+            kind = "timeout" if "timed out" in str(exc).lower() else "connection"
+            raise FetchError(f"{type(exc).__name__}: {exc}", kind=kind) from None
         return b"".join(chunks), False
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of type ``kind`` in ``exc``'s chain or args (urllib3 wraps)."""
+    seen = set()
+    stack: list[object] = [exc]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, kind):
+            return item
+        stack.extend([item.__cause__, item.__context__, *item.args,
+                      getattr(item, "reason", None)])
+    return None

@@ -160,7 +160,7 @@ class Processor:
                 self.client.hincrby(COUNTERS, "rate_limited", 1)
                 return self._park(message, queue, admission.wait_ms, "rate limit (robots.txt)")
             try:
-                response = self.fetcher.fetch(origin + "/robots.txt")
+                response = self.fetcher.fetch(origin + "/robots.txt", accept_any_type=True)
                 entry = entry_for_response(response.status, response.body)
             except FetchError as exc:
                 entry = entry_for_response(None, b"", f"{exc.kind}: {exc}")
@@ -211,8 +211,10 @@ class Processor:
             "cached": cached, "error": None, "final_url": response.final_url,
             "status": response.status, "content_type": response.content_type,
             "bytes": len(response.body), "truncated": response.truncated,
-            "elapsed_ms": round(response.elapsed_ms, 1),
+            "elapsed_ms": round(response.elapsed_ms, 1), "redirects": response.redirects,
         }
+        if response.skipped:
+            record["skipped"] = response.skipped
         if response.body and is_html(response.content_type, response.body[:512]):
             try:
                 record.update(parse_html(response.body, response.final_url,

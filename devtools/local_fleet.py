@@ -43,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
             env = dict(os.environ, RABBITMQ_URL=services.rabbitmq_url,
                        REDIS_URL=services.redis_url, PYTHONUNBUFFERED="1",
                        LOG_LEVEL=os.environ.get("LOG_LEVEL", "WARNING"),
-                       RATE_LIMIT=os.environ.get("RATE_LIMIT", args.rate_limit))
+                       RATE_LIMIT=os.environ.get("RATE_LIMIT", args.rate_limit),
+                       # The demo sites live on loopback, which the address guard refuses
+                       # by default.
+                       FETCH_ALLOW_NETWORKS="127.0.0.0/8")
             if services.management_url:
                 print(f"RabbitMQ management UI: {services.management_url}", flush=True)
             seeds = Path(tmp) / "seeds.txt"

@@ -30,6 +30,7 @@ TEST_ENV: dict[str, str] = {
     "RATE_LIMIT": "1000/second",
     "RETRY_BASE_S": "0.05",
     "RETRY_MAX_S": "1",
+    "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
 }
 
 

@@ -14,7 +14,7 @@ def test_readme_configuration_table_is_generated_from_the_settings():
                       re.S)
     assert table, "README lost its config-table markers"
     assert table.group(1).strip() == markdown_table().strip(), (
-        "README's table is stale: python -m common.config --markdown")
+        "README.s table is stale: python -m common.config --update-readme")
 
 
 def test_readme_test_command_is_what_ci_runs():

@@ -20,12 +20,18 @@ from common.urls import Fingerprint
 
 
 class SeenSet:
-    def __init__(self, client: redis.Redis, buckets: int) -> None:
+    """A set of URL fingerprints in ``buckets`` small intsets under ``prefix``.
+
+    The seen-set (``crawled_urls:``) and the done-set (``done:``) share this layout.
+    """
+
+    def __init__(self, client: redis.Redis, buckets: int, prefix: str = SEEN_PREFIX) -> None:
         self.client = client
         self.buckets = buckets
+        self.prefix = prefix
 
-    def _key(self, fp: Fingerprint) -> str:
-        return seen_bucket(fp.bucket(self.buckets))
+    def key(self, fp: Fingerprint) -> str:
+        return seen_bucket(fp.bucket(self.buckets), self.prefix)
 
     def add_many(self, fps: Sequence[Fingerprint]) -> list[bool]:
         """Mark fingerprints as seen; True for each one that was new (one round trip)."""
@@ -33,7 +39,7 @@ class SeenSet:
             return []
         pipe = self.client.pipeline(transaction=False)
         for fp in fps:
-            pipe.sadd(self._key(fp), fp.member)
+            pipe.sadd(self.key(fp), fp.member)
         return [added == 1 for added in pipe.execute()]
 
     def remove_many(self, fps: Sequence[Fingerprint]) -> int:
@@ -42,7 +48,7 @@ class SeenSet:
             return 0
         pipe = self.client.pipeline(transaction=False)
         for fp in fps:
-            pipe.srem(self._key(fp), fp.member)
+            pipe.srem(self.key(fp), fp.member)
         return sum(pipe.execute())
 
     def contains_many(self, fps: Sequence[Fingerprint]) -> list[bool]:
@@ -50,13 +56,13 @@ class SeenSet:
             return []
         pipe = self.client.pipeline(transaction=False)
         for fp in fps:
-            pipe.sismember(self._key(fp), fp.member)
+            pipe.sismember(self.key(fp), fp.member)
         return [bool(found) for found in pipe.execute()]
 
     def count(self) -> int:
         """Number of fingerprints, by SCARD over the existing buckets (for stats)."""
         total = 0
-        keys = list(self.client.scan_iter(match=f"{SEEN_PREFIX}*", count=1000))
+        keys = list(self.client.scan_iter(match=f"{self.prefix}*", count=1000))
         for start in range(0, len(keys), 1000):
             pipe = self.client.pipeline(transaction=False)
             for key in keys[start:start + 1000]:

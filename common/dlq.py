@@ -21,7 +21,7 @@ from common import topology
 from common.config import Settings
 from common.dedupe import SeenSet
 from common.errors import BadMessage, InvalidURL
-from common.keys import failures_key
+from common.keys import DONE_PREFIX, failures_key
 from common.messages import WorkMessage
 from common.producing import Producer, ProduceSummary
 from common.urls import canonicalize, fingerprint
@@ -121,7 +121,9 @@ def _forget(urls: list[str], settings: Settings, client: redis.Redis) -> None:
             continue  # goes back to the DLQ as invalid_url through the producer
     if canonical:
         client.delete(*(failures_key(url) for url in canonical))
-        SeenSet(client, settings.seen_buckets).remove_many([fingerprint(u) for u in canonical])
+        fps = [fingerprint(u) for u in canonical]
+        SeenSet(client, settings.seen_buckets).remove_many(fps)
+        SeenSet(client, settings.seen_buckets, prefix=DONE_PREFIX).remove_many(fps)
 
 
 def purge(connection: pika.BlockingConnection) -> int:

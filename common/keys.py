@@ -4,6 +4,10 @@
                              SEEN_BUCKETS small sets so each stays an intset (8 bytes a
                              member). A URL's 128-bit fingerprint picks bucket ``b`` (hex) with
                              its top bits and stores the next 64 bits. NOTES.md #4.
+    done:{b}                 SET of signed 64-bit integers, same layout as crawled_urls: URLs
+                             whose outcome (one result or one dead letter) is recorded. A
+                             redelivered message of a done URL is acked without a second
+                             result (kill -9, lost acks). NOTES.md #14.
     results                  STREAM, one entry per fetched URL (field ``json``), capped with an
                              approximate MAXLEN (RESULTS_MAXLEN).
     stats:counters           HASH of fleet-wide counters (HINCRBY): cache_hits, cache_misses,
@@ -24,13 +28,14 @@
 from __future__ import annotations
 
 SEEN_PREFIX = "crawled_urls:"
+DONE_PREFIX = "done:"
 RESULTS_STREAM = "results"
 COUNTERS = "stats:counters"
 
 
-def seen_bucket(bucket: int) -> str:
-    """The seen-set member key for bucket number ``bucket``."""
-    return f"{SEEN_PREFIX}{bucket:x}"
+def seen_bucket(bucket: int, prefix: str = SEEN_PREFIX) -> str:
+    """The key of bucket number ``bucket`` of a fingerprint set (seen-set by default)."""
+    return f"{prefix}{bucket:x}"
 
 
 def content_key(url: str) -> str:

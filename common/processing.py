@@ -40,7 +40,7 @@ from common.errors import (
     classify_status,
 )
 from common.fetch import Fetcher, FetchResult
-from common.keys import COUNTERS, failures_key
+from common.keys import COUNTERS, DONE_PREFIX, failures_key
 from common.messages import WorkMessage
 from common.parse import NotHTML, is_html, parse_html
 from common.ratelimit import RateLimiter
@@ -66,10 +66,13 @@ class Publish:
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # "result" | "delay" | "dead_letter" | "released"
+    kind: str  # "result" | "delay" | "dead_letter" | "released" | "already_done"
     url: str
     publishes: tuple[Publish, ...] = field(default=())
     detail: str = ""
+    #: (done-set key, member) to mark once the publishes are confirmed (dead letters), so a
+    #: redelivery of the same message does not dead-letter the URL twice.
+    mark_done: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Processor:
         self.limiter = RateLimiter(client, settings)
         self.robots = RobotsStore(client, settings.robots_user_agent, settings.robots_ttl_s)
         self.seen = SeenSet(client, settings.seen_buckets)
+        self.done = SeenSet(client, settings.seen_buckets, prefix=DONE_PREFIX)
 
     # -- entry points -------------------------------------------------------------------------
     def process(self, body: bytes, queue: str) -> Outcome:
@@ -124,6 +128,8 @@ class Processor:
                 return self._failed(url, message, queue,
                                     _Failure("robots_unavailable", error=detail))
             if not rules.allows(url):
+                if self.done.contains_many([fingerprint(url)])[0]:
+                    return Outcome("already_done", url, detail="redelivered, already dead-lettered")
                 self.client.hincrby(COUNTERS, "robots_blocked", 1)
                 return self._dead_letter(message, url, _Failure("robots_disallowed"))
         return self._admit_and_fetch(url, message, queue, rules)
@@ -175,7 +181,11 @@ class Processor:
         domain = domain_of(url)
         rate = self.limiter.rate_for(domain, rules.crawl_delay_s() if rules else None)
         use_cache = self.settings.cache_ttl_s > 0
-        admission = self.limiter.admit(domain, rate, cache_url=url if use_cache else None)
+        done = self._done_mark(url)
+        admission = self.limiter.admit(domain, rate, cache_url=url if use_cache else None,
+                                       done=done)
+        if admission.done:
+            return Outcome("already_done", url, detail="redelivered, outcome already recorded")
         if admission.cached is not None:
             try:
                 response = response_cache.decode(url, admission.cached)
@@ -228,7 +238,7 @@ class Processor:
         counters = {"cache_hits": 1} if cached else (
             {"cache_misses": 1} if self.settings.cache_ttl_s > 0 else {})
         self.results.record(record, cache=cache_value, counters=counters,
-                            clear_failures=message.attempts > 0)
+                            clear_failures=message.attempts > 0, done=self._done_mark(url))
         return Outcome("result", url, detail=f"status {response.status}"
                        + (" (cached)" if cached else ""))
 
@@ -278,7 +288,15 @@ class Processor:
         self.client.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
         return Outcome("dead_letter", url, (Publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body,
                                                     headers=headers),),
-                       detail=f"{reason} ({failure.reason})")
+                       detail=f"{reason} ({failure.reason})", mark_done=self._done_mark(url))
+
+    def _done_mark(self, url: str) -> tuple[str, int]:
+        fp = fingerprint(url)
+        return self.done.key(fp), fp.member
+
+    def mark_done(self, mark: tuple[str, int]) -> None:
+        """Record that a URL's outcome is final (called once its dead letter is confirmed)."""
+        self.client.sadd(mark[0], mark[1])
 
     def _dead_letter_raw(self, body: bytes, url: str, reason: str, error: str) -> Outcome:
         headers = dead_letter_headers(reason, last_error=error)

@@ -30,9 +30,14 @@ from common.config import Settings
 from common.keys import content_key, rate_log_key, rate_slot_key
 
 # KEYS[1] content:{url}   KEYS[2] ratelimit:{domain}   KEYS[3] ratelimit:{domain}:next
+# KEYS[4] done:{b} (or "" to skip the check)
 # ARGV[1] amount  ARGV[2] span_ms (window + guard)  ARGV[3] spacing_ms  ARGV[4] check cache (0/1)
-# Returns {cached_body or false, 1 = go now / 0 = wait, wait_ms}
+# ARGV[5] the URL's done-set member
+# Returns {cached_body or false, 1 = go now / 0 = wait / 2 = already done, wait_ms}
 ADMIT_LUA = """
+if KEYS[4] ~= '' and redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
+  return {false, 2, 0}
+end
 if ARGV[4] == '1' then
   local cached = redis.call('GET', KEYS[1])
   if cached then return {cached, 1, 0} end
@@ -78,6 +83,7 @@ class Admission:
     go: bool
     wait_ms: int = 0
     cached: bytes | None = None
+    done: bool = False  # the URL's outcome is already recorded: nothing to do
 
 
 class RateLimiter:
@@ -101,11 +107,17 @@ class RateLimiter:
             rate = rate.stricter(Rate(1, max(1, math.ceil(crawl_delay_s * 1000))))
         return rate
 
-    def admit(self, domain: str, rate: Rate, cache_url: str | None = None) -> Admission:
-        """One round trip: a cache hit, a permit now, or how long to wait for a booked slot."""
+    def admit(self, domain: str, rate: Rate, cache_url: str | None = None,
+              done: tuple[str, int] | None = None) -> Admission:
+        """One round trip: already done, a cache hit, a permit now, or how long to wait for a
+        booked slot. ``done`` is the URL's (done-set key, member) to check first."""
         span_ms = rate.window_ms + math.ceil(rate.window_ms * self.guard)
         spacing_ms = math.ceil(span_ms / rate.amount)
+        done_key, member = done or ("", 0)
         cached, go, wait_ms = self._admit(
-            keys=[content_key(cache_url or ""), rate_log_key(domain), rate_slot_key(domain)],
-            args=[rate.amount, span_ms, spacing_ms, 1 if cache_url else 0])
+            keys=[content_key(cache_url or ""), rate_log_key(domain), rate_slot_key(domain),
+                  done_key],
+            args=[rate.amount, span_ms, spacing_ms, 1 if cache_url else 0, member])
+        if go == 2:
+            return Admission(go=False, done=True)
         return Admission(go=bool(go), wait_ms=int(wait_ms), cached=cached or None)

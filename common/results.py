@@ -17,20 +17,36 @@ import redis
 
 from common.keys import COUNTERS, RESULTS_STREAM, content_key, failures_key
 
+# KEYS[1] done:{b}  KEYS[2] results   ARGV[1] done member  ARGV[2] record JSON  ARGV[3] maxlen
+# Appends the result only if the URL was not done yet; returns 1 when appended.
+RECORD_ONCE_LUA = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'json', ARGV[2])
+return 1
+"""
+
 
 class ResultStore:
     def __init__(self, client: redis.Redis, maxlen: int) -> None:
         self.client = client
         self.maxlen = maxlen
+        self._record_once = client.register_script(RECORD_ONCE_LUA)
 
     def record(self, record: dict[str, Any], *, cache: tuple[bytes, int] | None = None,
-               counters: dict[str, int] | None = None, clear_failures: bool = False) -> None:
+               counters: dict[str, int] | None = None, clear_failures: bool = False,
+               done: tuple[str, int] | None = None) -> None:
         """Append one result and do the URL's other bookkeeping in the same round trip:
         store the response in the cache (value, ttl_s), bump counters, and clear the URL's
-        retry counter after a success."""
+        retry counter after a success. With ``done`` (done-set key, member) the result is
+        appended only if the URL has no recorded outcome yet: one result per URL even when
+        a delivery is processed twice."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(RESULTS_STREAM, {"json": encode(record)}, maxlen=self.maxlen,
-                  approximate=True)
+        if done is not None:
+            self._record_once(keys=[done[0], RESULTS_STREAM],
+                              args=[done[1], encode(record), self.maxlen], client=pipe)
+        else:
+            pipe.xadd(RESULTS_STREAM, {"json": encode(record)}, maxlen=self.maxlen,
+                      approximate=True)
         if cache is not None:
             pipe.set(content_key(record["url"]), cache[0], ex=cache[1])
         for name, amount in (counters or {}).items():

@@ -73,6 +73,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _ATOM_NS = "http://www.w3.org/2005/Atom"
 _RDF_ABOUT = "{http://www.w3.org/1999/02/22-rdf-syntax-ns#}about"
 _GZIP_WBITS = 31  # zlib: gzip header and trailer, 32 KiB window
+_ENTITIES_REFUSED = "the DOCTYPE declares entities (XXE / entity expansion); refused"
 _MAX_WAIT_STEP_S = 5.0  # re-ask the rate limiter at least this often while waiting
 
 
@@ -302,7 +303,7 @@ class _XmlReader:
     def _start_root(self, root: Any) -> None:
         dtd = root.getroottree().docinfo.internalDTD
         if dtd is not None and any(True for _ in dtd.iterentities()):
-            raise SitemapError("the DOCTYPE declares entities (XXE / entity expansion); refused")
+            raise SitemapError(_ENTITIES_REFUSED)
         name = _local(root.tag)
         fmt = _FORMATS.get(name)
         if fmt is None:
@@ -358,12 +359,26 @@ def _record_url(record: Any, fmt: _Format) -> str:
     return ""
 
 
+def _refuse_entity_declarations(chunk: bytes) -> None:
+    """Refuse before parsing when the first chunk shows a DOCTYPE declaring entities.
+
+    libxml2 would stop a billion-laughs document itself, with a less telling message; the
+    check on the parsed DTD in :class:`_XmlReader` covers what this byte scan cannot see (a
+    DOCTYPE past the first chunk, UTF-16 documents).
+    """
+    doctype = chunk.find(b"<!DOCTYPE")
+    if doctype >= 0 and chunk.find(b"<!ENTITY", doctype) >= 0:
+        raise SitemapError(_ENTITIES_REFUSED)
+
+
 def _parse_xml(chunks: Iterator[bytes], url: str) -> Sitemap:
     parser = _new_parser()
     reader = _XmlReader(url)
     try:
         capped = False
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
+            if i == 0:
+                _refuse_entity_declarations(chunk)
             parser.feed(chunk)
             if reader.consume(parser.read_events()):
                 capped = True
@@ -405,7 +420,9 @@ def _parse_text(chunks: Iterator[bytes], url: str) -> Sitemap:
 
 def _take_text_line(result: Sitemap, line: bytes) -> bool:
     """Add one text-sitemap line; True once the entry cap is reached."""
-    text = line.strip(b" \t\r\xef\xbb\xbf").decode("utf-8", errors="replace")
+    if line.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark on the first line
+        line = line[3:]
+    text = line.strip().decode("utf-8", errors="replace")
     if not text:
         return False
     if len(result.pages) >= MAX_URLS_PER_SITEMAP:

@@ -37,6 +37,7 @@ import redis
 from common import topology
 from common.config import Settings
 from common.connections import connect_rabbitmq
+from common.errors import ServiceUnavailable
 from common.processing import Outcome, Processor
 from common.publisher import ConfirmingPublisher
 
@@ -72,11 +73,13 @@ class Worker:
         self._stop = threading.Event()
         self._abort = threading.Event()
         self._generation = 0
+        self._generation_started = False
         self._connection: pika.BlockingConnection | None = None
         self._channel: Any = None
         self._publisher: ConfirmingPublisher | None = None
         self._inflight: dict[int, Delivery] = {}
         self._awaiting: dict[int, list[bool]] = {}
+        self._marks: dict[int, tuple[str, int] | None] = {}
         self._last_delivery = time.monotonic()
         self._threads: list[threading.Thread] = []
 
@@ -96,6 +99,7 @@ class Worker:
     def run(self) -> int:
         """Consume until stopped or idle; returns the process exit code."""
         self._start_threads()
+        connected_once = False
         try:
             while not self._stop.is_set():
                 try:
@@ -107,6 +111,15 @@ class Worker:
                                    type(exc).__name__, exc)
                     self._drop_connection()
                     time.sleep(1.0)
+                except ServiceUnavailable as exc:
+                    # At start-up an unreachable broker is a configuration problem: exit 3.
+                    # Once we have worked, keep trying without a human (broker restarts).
+                    if not connected_once or self._stop.is_set():
+                        raise
+                    logger.warning("%s; still retrying", exc)
+                    self._drop_connection()
+                finally:
+                    connected_once = connected_once or self._generation_started
         finally:
             self._stop_threads()
             self._drop_connection()
@@ -119,7 +132,9 @@ class Worker:
         self._generation += 1
         self._inflight.clear()
         self._awaiting.clear()
+        self._marks.clear()
         self._connection = connect_rabbitmq(self.settings)
+        self._generation_started = True
         topology.declare(self._connection.channel())
         self._publisher = ConfirmingPublisher(self._connection)
         self._channel = self._connection.channel()
@@ -178,6 +193,7 @@ class Worker:
             return
         assert self._publisher is not None
         self._awaiting[delivery.tag] = []
+        self._marks[delivery.tag] = outcome.mark_done
         for publish in outcome.publishes:
             self._publisher.publish(publish.exchange, publish.routing_key, publish.body,
                                     token=(delivery.tag, len(outcome.publishes)),
@@ -195,6 +211,9 @@ class Worker:
             if len(results) < expected:
                 continue
             del self._awaiting[tag]
+            mark = self._marks.pop(tag, None)
+            if all(results) and mark is not None:
+                self._mark_done(mark)
             if tag not in self._inflight:
                 continue  # an early-acked delivery: nothing left to settle
             if all(results):
@@ -203,6 +222,14 @@ class Worker:
                 logger.warning("publish for delivery %d not confirmed: returning it to its queue",
                                tag)
                 self._nack(tag)
+
+    def _mark_done(self, mark: tuple[str, int]) -> None:
+        # On the I/O thread, but rare (dead letters only) and one loopback SADD. If Redis is
+        # away the mark is skipped: the delivery is acked anyway, so nothing is redelivered.
+        try:
+            self.processor.mark_done(mark)
+        except _REDIS_DOWN as exc:
+            logger.warning("could not mark a dead-lettered URL done (Redis: %s)", exc)
 
     def _ack(self, tag: int) -> None:
         self._inflight.pop(tag, None)

@@ -220,6 +220,15 @@ KNOBS: tuple[Knob, ...] = (
          "Longest Retry-After honoured; longer requests are capped."),
     Knob("FAILURES_TTL_S", "failures_ttl_s", _positive_int, "86400",
          "Expiry of the failures:{url} retry counters."),
+    Knob("CRAWL_ENABLED", "crawl_enabled", _bool, "false",
+         "Crawl mode: workers enqueue the links they extract (through the producer path)."),
+    Knob("CRAWL_MAX_DEPTH", "crawl_max_depth", _non_negative_int, "2",
+         "Links are followed while the new depth stays at or below this (seeds are depth 0)."),
+    Knob("CRAWL_ALLOWED_DOMAINS", "crawl_allowed_domains", _str, "",
+         "Comma-separated domains links may go to (and their subdomains); empty: the "
+         "page's own host only."),
+    Knob("CRAWL_MAX_PAGES_PER_DOMAIN", "crawl_max_pages", _positive_int, "10000",
+         "Pages crawl mode may enqueue per domain (counted in Redis, fleet-wide)."),
     Knob("LOG_LEVEL", "log_level", _log_level, "INFO", "Logging level."),
 )
 
@@ -273,6 +282,10 @@ class Settings:
     retry_max_s: float = 300.0
     retry_after_max_s: float = 3600.0
     failures_ttl_s: int = 86400
+    crawl_enabled: bool = False
+    crawl_max_depth: int = 2
+    crawl_allowed_domains: str = ""
+    crawl_max_pages: int = 10000
     log_level: str = "INFO"
 
     @property

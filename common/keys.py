@@ -21,6 +21,8 @@
     robots:{origin}          STRING, JSON {status, body, fetched_at} of the origin's robots.txt,
                              EX ROBOTS_TTL_S (shorter for an unavailable one).
     robots:lock:{origin}     STRING, held (NX PX 30 s) by the one worker fetching robots.txt.
+    crawl:pages:{domain}     STRING counter of pages crawl mode enqueued for the domain
+                             (budget CRAWL_MAX_PAGES_PER_DOMAIN), no expiry: DEL to reset.
 
 ``{url}`` is the canonical URL; ``{origin}`` is scheme://host[:port]; ``{domain}`` the host.
 """
@@ -60,3 +62,7 @@ def robots_key(origin: str) -> str:
 
 def robots_lock_key(origin: str) -> str:
     return f"robots:lock:{origin}"
+
+
+def crawl_pages_key(domain: str) -> str:
+    return f"crawl:pages:{domain}"

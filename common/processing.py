@@ -29,6 +29,7 @@ from common import cache as response_cache
 from common import topology
 from common.backoff import retry_delay_s
 from common.config import Settings
+from common.crawl import LinkFollower
 from common.deadletter import DLQ_EXCHANGE, DLQ_ROUTING_KEY, dead_letter_headers, utc_now_iso
 from common.dedupe import SeenSet
 from common.errors import (
@@ -96,6 +97,7 @@ class Processor:
         self.robots = RobotsStore(client, settings.robots_user_agent, settings.robots_ttl_s)
         self.seen = SeenSet(client, settings.seen_buckets)
         self.done = SeenSet(client, settings.seen_buckets, prefix=DONE_PREFIX)
+        self.follower = LinkFollower(settings, client) if settings.crawl_enabled else None
 
     # -- entry points -------------------------------------------------------------------------
     def process(self, body: bytes, queue: str) -> Outcome:
@@ -192,7 +194,7 @@ class Processor:
             except ValueError as exc:
                 logger.warning("%s", exc)
             else:
-                return self._record(url, message, queue, response, cached=True)
+                return self._record(url, message, queue, response, cached=True, rules=rules)
         if not admission.go:
             self.client.hincrby(COUNTERS, "rate_limited", 1)
             return self._park(message, queue, admission.wait_ms, "rate limit")
@@ -206,7 +208,7 @@ class Processor:
             return self._dead_letter(message, url, failure)
         verdict = classify_status(response.status)
         if verdict == OK:
-            return self._record(url, message, queue, response, cached=False)
+            return self._record(url, message, queue, response, cached=False, rules=rules)
         failure = _Failure(f"http_{response.status}", status=response.status,
                            retry_after=response.headers.get("retry-after"))
         if verdict == PERMANENT:
@@ -214,7 +216,7 @@ class Processor:
         return self._failed(url, message, queue, failure)
 
     def _record(self, url: str, message: WorkMessage, queue: str, response: FetchResult,
-                *, cached: bool) -> Outcome:
+                *, cached: bool, rules: RobotsRules | None = None) -> Outcome:
         record: dict[str, Any] = {
             "url": url, "fetched_at": round(time.time(), 3), "worker": self.settings.worker_id,
             "queue": queue, "depth": message.depth, "attempts": message.attempts + 1,
@@ -231,6 +233,11 @@ class Processor:
                                          response.content_type).to_dict())
             except NotHTML as exc:
                 record["error"] = f"not_html: {exc}"
+        if self.follower is not None and record.get("links"):
+            followed = self.follower.follow(response.final_url, record["links"], message.depth,
+                                            rules)
+            if followed is not None:
+                record["followed"] = followed.new
         cache_value = None
         if not cached and self.settings.cache_ttl_s > 0:
             value = response_cache.encode(response, self.settings.cache_max_bytes)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -35,6 +35,9 @@ from common.urls import Fingerprint, canonicalize, fingerprint
 
 logger = logging.getLogger(__name__)
 
+#: Filter applied after dedupe: canonical URLs in, one keep/drop verdict each out.
+Keep = Callable[[list[str]], list[bool]]
+
 PUBLISH_ATTEMPTS = 3
 _AMQP_LOST = (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError,
               pika.exceptions.StreamLostError)
@@ -47,6 +50,7 @@ class ProduceSummary:
     duplicate: int = 0
     invalid: int = 0
     failed: int = 0
+    over_budget: int = 0
     per_queue: Counter[str] = field(default_factory=Counter)
 
     def merge(self, other: ProduceSummary) -> None:
@@ -55,6 +59,7 @@ class ProduceSummary:
         self.duplicate += other.duplicate
         self.invalid += other.invalid
         self.failed += other.failed
+        self.over_budget += other.over_budget
         self.per_queue.update(other.per_queue)
 
     def line(self) -> str:
@@ -64,7 +69,7 @@ class ProduceSummary:
 
     def as_dict(self) -> dict[str, Any]:
         return {"read": self.read, "new": self.new, "duplicate": self.duplicate,
-                "invalid": self.invalid, "failed": self.failed,
+                "invalid": self.invalid, "failed": self.failed, "over_budget": self.over_budget,
                 "per_queue": {q: self.per_queue.get(q, 0) for q in topology.WORK_QUEUES}}
 
 
@@ -118,19 +123,27 @@ class Producer:
         return self._publisher
 
     def submit(self, raw_urls: Iterable[str], *, force_priority: bool = False,
-               depth: int = 0) -> ProduceSummary:
+               depth: int = 0, keep: Keep | None = None) -> ProduceSummary:
         """Send URLs through canonicalise → dedupe → route → publish; return the counts.
+
+        Args:
+            raw_urls: URLs as given.
+            force_priority: route every URL to priority_queue.
+            depth: crawl depth written into the messages.
+            keep: called with the canonical URLs that passed dedupe; returns one bool each.
+                URLs it rejects (e.g. over a per-domain page budget) are released from the
+                seen-set again and counted as ``over_budget``.
 
         Raises:
             ServiceUnavailable: the broker or Redis could not be reached (after backoff).
         """
         total = ProduceSummary()
         for chunk in batched(raw_urls, self.settings.producer_batch):
-            total.merge(self._submit_batch(chunk, force_priority, depth))
+            total.merge(self._submit_batch(chunk, force_priority, depth, keep))
         return total
 
     def _submit_batch(self, raw_urls: list[str], force_priority: bool,
-                      depth: int) -> ProduceSummary:
+                      depth: int, keep: Keep | None = None) -> ProduceSummary:
         summary = ProduceSummary(read=len(raw_urls))
         candidates: list[tuple[str, Fingerprint]] = []
         invalid: list[tuple[str, str]] = []
@@ -153,6 +166,13 @@ class Producer:
                 continue
             route = self.router.route(url, force_priority=force_priority)
             accepted.append(_Accepted(url, fp, route.queue, route.ttl_ms, depth))
+        if keep is not None and accepted:
+            verdicts = keep([item.url for item in accepted])
+            rejected = [item for item, ok in zip(accepted, verdicts, strict=True) if not ok]
+            if rejected:
+                self.seen.remove_many([item.fp for item in rejected])
+                summary.over_budget = len(rejected)
+                accepted = [item for item, ok in zip(accepted, verdicts, strict=True) if ok]
 
         summary.invalid = len(invalid)
         for raw, reason in invalid:

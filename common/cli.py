@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 finished but some work failed, 2 bad configuration or argume
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Callable
@@ -19,11 +20,29 @@ EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line (LOG_FORMAT=json), for log shippers."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__()
+        self.worker_id = worker_id
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+                 "worker": self.worker_id, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
 def setup_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level,
-        format=f"%(asctime)s %(levelname)s [{settings.worker_id}] %(name)s: %(message)s",
-        stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    if settings.log_format == "json":
+        handler.setFormatter(JsonFormatter(settings.worker_id))
+    else:
+        handler.setFormatter(logging.Formatter(
+            f"%(asctime)s %(levelname)s [{settings.worker_id}] %(name)s: %(message)s"))
+    logging.basicConfig(level=settings.log_level, handlers=[handler], force=True)
     # pika logs every connection hiccup at ERROR/WARNING with tracebacks; our code logs the
     # outcome once, so keep pika's own chatter for DEBUG runs.
     if settings.log_level != "DEBUG":

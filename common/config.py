@@ -76,6 +76,13 @@ def _log_level(raw: str) -> str:
     return value
 
 
+def _log_format(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in {"text", "json"}:
+        raise ValueError(f"expected text or json, got {raw!r}")
+    return value
+
+
 def _power_of_two(raw: str) -> int:
     value = int(raw)
     if value < 1 or value & (value - 1):
@@ -229,7 +236,16 @@ KNOBS: tuple[Knob, ...] = (
          "page's own host only."),
     Knob("CRAWL_MAX_PAGES_PER_DOMAIN", "crawl_max_pages", _positive_int, "10000",
          "Pages crawl mode may enqueue per domain (counted in Redis, fleet-wide)."),
+    Knob("METRICS_PORT", "metrics_port", _non_negative_int, "0",
+         "Port of the worker's Prometheus /metrics endpoint (0: off; compose sets 9100)."),
+    Knob("HEARTBEAT_INTERVAL_S", "heartbeat_interval_s", _positive_float, "5",
+         "How often a worker refreshes its workers:{id} key (TTL: 3 intervals)."),
+    Knob("RABBITMQ_MANAGEMENT_URL", "rabbitmq_management_url", _url_with_scheme("http", "https"),
+         None, "Management API for the status view's unacked counts and rates "
+         "(default: http://RABBITMQ_HOST:15672 with the AMQP credentials; optional)."),
     Knob("LOG_LEVEL", "log_level", _log_level, "INFO", "Logging level."),
+    Knob("LOG_FORMAT", "log_format", _log_format, "text",
+         "text, or json for one JSON object a line."),
 )
 
 
@@ -286,7 +302,11 @@ class Settings:
     crawl_max_depth: int = 2
     crawl_allowed_domains: str = ""
     crawl_max_pages: int = 10000
+    metrics_port: int = 0
+    heartbeat_interval_s: float = 5.0
+    rabbitmq_management_url: str | None = None
     log_level: str = "INFO"
+    log_format: str = "text"
 
     @property
     def rabbitmq_url(self) -> str:

@@ -21,6 +21,9 @@
     robots:{origin}          STRING, JSON {status, body, fetched_at} of the origin's robots.txt,
                              EX ROBOTS_TTL_S (shorter for an unavailable one).
     robots:lock:{origin}     STRING, held (NX PX 30 s) by the one worker fetching robots.txt.
+    workers:{id}             STRING, JSON heartbeat of a live worker (id, host, pid, started,
+                             processed, outcomes, in_flight, current URLs), EX 3 × the
+                             heartbeat interval: a killed worker's key expires by itself.
     crawl:pages:{domain}     STRING counter of pages crawl mode enqueued for the domain
                              (budget CRAWL_MAX_PAGES_PER_DOMAIN), no expiry: DEL to reset.
 
@@ -66,3 +69,10 @@ def robots_lock_key(origin: str) -> str:
 
 def crawl_pages_key(domain: str) -> str:
     return f"crawl:pages:{domain}"
+
+
+WORKERS_PREFIX = "workers:"
+
+
+def worker_key(worker_id: str) -> str:
+    return f"{WORKERS_PREFIX}{worker_id}"

@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from common import cache as response_cache
-from common import topology
+from common import metrics, topology
 from common.backoff import retry_delay_s
 from common.config import Settings
 from common.crawl import LinkFollower
@@ -165,7 +165,7 @@ class Processor:
             domain = domain_of(origin)
             admission = self.limiter.admit(domain, self.limiter.rate_for(domain))
             if not admission.go:
-                self.client.hincrby(COUNTERS, "rate_limited", 1)
+                self._rate_limited()
                 return self._park(message, queue, admission.wait_ms, "rate limit (robots.txt)")
             try:
                 response = self.fetcher.fetch(origin + "/robots.txt", accept_any_type=True)
@@ -194,13 +194,18 @@ class Processor:
             except ValueError as exc:
                 logger.warning("%s", exc)
             else:
+                metrics.CACHE_HITS.inc()
                 return self._record(url, message, queue, response, cached=True, rules=rules)
         if not admission.go:
-            self.client.hincrby(COUNTERS, "rate_limited", 1)
+            self._rate_limited()
             return self._park(message, queue, admission.wait_ms, "rate limit")
 
+        if use_cache:
+            metrics.CACHE_MISSES.inc()
         try:
             response = self.fetcher.fetch(url)
+            metrics.FETCH_SECONDS.observe(response.elapsed_ms / 1000)
+            metrics.FETCH_BYTES.inc(len(response.body))
         except FetchError as exc:
             failure = _Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")
             if exc.transient:
@@ -267,6 +272,7 @@ class Processor:
                                 max_s=self.settings.retry_max_s,
                                 retry_after_max_s=self.settings.retry_after_max_s)
         self.client.hincrby(COUNTERS, "retries", 1)
+        metrics.RETRIES.inc()
         return self._park(updated, queue, delay_s * 1000,
                           f"retry {failures}/{self.settings.max_retries} after {failure.reason}")
 
@@ -296,6 +302,10 @@ class Processor:
         return Outcome("dead_letter", url, (Publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body,
                                                     headers=headers),),
                        detail=f"{reason} ({failure.reason})", mark_done=self._done_mark(url))
+
+    def _rate_limited(self) -> None:
+        self.client.hincrby(COUNTERS, "rate_limited", 1)
+        metrics.RATE_LIMIT_DELAYS.inc()
 
     def _done_mark(self, url: str) -> tuple[str, int]:
         fp = fingerprint(url)

@@ -271,31 +271,42 @@ _FORMATS = {
 
 
 class _XmlReader:
-    """Turns pull-parser events into entries, dropping each record once read (flat memory)."""
+    """Turns pull-parser events into entries. Every element is freed as soon as it ends (and
+    the fields of a record read from its children as they end), so memory stays flat however
+    many elements a file holds, at any depth."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.format: _Format | None = None
         self.depth = 0
         self.result: Sitemap | None = None
+        self.fields: dict[str, str] | None = None  # of the record being read
 
     def consume(self, events: Iterable[tuple[str, Any]]) -> bool:
         """Handle parser events; True once the entry cap is reached (stop reading)."""
         for event, elem in events:
+            fmt = self.format
             if event == "start":
                 self.depth += 1
                 if self.depth == 1:
                     self._start_root(elem)
+                elif fmt and self.depth == fmt.depth and _local(elem.tag) == fmt.record:
+                    self.fields = {}
                 continue
-            fmt = self.format
-            if fmt is not None and self.depth == fmt.depth:
-                if _local(elem.tag) == fmt.record and self._take(elem, fmt):
-                    return True
-                # Done with this record: free it and the ones before it (lxml's iterparse
-                # advice: never remove the element the parser may still be working on).
+            if fmt is not None and self.fields is not None:
+                if self.depth == fmt.depth + 1:
+                    _read_field(self.fields, elem, fmt)
+                elif self.depth == fmt.depth:
+                    capped = self._take(elem, fmt, self.fields)
+                    self.fields = None
+                    if capped:
+                        return True
+            if self.depth > 1:
+                # lxml's iterparse advice: clear the element, delete the siblings before it,
+                # never the element itself (the parser may still be working on it).
                 elem.clear()
                 parent = elem.getparent()
-                while parent is not None and elem.getprevious() is not None:
+                while elem.getprevious() is not None:
                     del parent[0]
             self.depth -= 1
         return False
@@ -311,52 +322,45 @@ class _XmlReader:
         self.format = fmt
         self.result = Sitemap(self.url, fmt.kind)
 
-    def _take(self, record: Any, fmt: _Format) -> bool:
+    def _take(self, record: Any, fmt: _Format, fields: dict[str, str]) -> bool:
         result = self.result
         assert result is not None
         entries = result.children if fmt.kind == "index" else result.pages
         if len(entries) >= MAX_URLS_PER_SITEMAP:
             result.truncated = True
             return True
-        raw = _record_url(record, fmt)
+        raw = fields.get("url", "")
+        if not raw and fmt.kind == "rss":
+            guid = fields.get("guid", "")
+            raw = guid if guid.lower().startswith(("http://", "https://")) else ""
+            raw = raw or (record.get(_RDF_ABOUT) or "").strip()
         if not raw or len(raw) > MAX_LOC_CHARS:
             result.skipped += 1
             return False
-        lastmod = None
-        children = {_local(child.tag): child for child in reversed(record)}
-        for name in fmt.dates:
-            if name in children:
-                lastmod = parse_date(children[name].text)
-                break
+        lastmod = next((parse_date(fields[name]) for name in fmt.dates if name in fields), None)
         entries.append(Entry(urljoin(self.url, raw), lastmod))
         return False
 
 
-def _record_url(record: Any, fmt: _Format) -> str:
-    """The URL of one record: <loc>, RSS <link>/<guid>/rdf:about, or Atom <link href>."""
-    if fmt.kind == "atom":
-        for child in record:
-            if _local(child.tag) == "link" and child.get("rel", "alternate") == "alternate":
-                return (child.get("href") or "").strip()
-        return ""
-    if fmt.kind == "rss":
-        guid = ""
-        for child in record:
-            if not isinstance(child.tag, str):
-                continue
-            qname = etree.QName(child.tag)
-            if qname.localname == "link" and qname.namespace != _ATOM_NS:  # RSS 0.9x-2.0, 1.0
-                return (child.text or "").strip()
-            if qname.localname == "guid" and child.get("isPermaLink", "true") != "false":
-                guid = (child.text or "").strip()
-        if guid.lower().startswith(("http://", "https://")):
-            return guid
-        about = record.get(_RDF_ABOUT) or ""
-        return about.strip()
-    for child in record:
-        if _local(child.tag) == "loc":
-            return (child.text or "").strip()
-    return ""
+def _read_field(fields: dict[str, str], elem: Any, fmt: _Format) -> None:
+    """Note what one child of a record says: its URL (<loc>, RSS <link>/<guid>, Atom
+    <link href>) or a date. The first of each kind wins."""
+    if not isinstance(elem.tag, str):
+        return
+    qname = etree.QName(elem.tag)
+    name = qname.localname
+    if name in fmt.dates:
+        fields.setdefault(name, elem.text or "")
+    elif fmt.kind == "atom":
+        if name == "link" and elem.get("rel", "alternate") == "alternate":
+            fields.setdefault("url", (elem.get("href") or "").strip())
+    elif fmt.kind == "rss":
+        if name == "link" and qname.namespace != _ATOM_NS:  # RSS 0.9x-2.0 and 1.0, not Atom
+            fields.setdefault("url", (elem.text or "").strip())
+        elif name == "guid" and elem.get("isPermaLink", "true") != "false":
+            fields.setdefault("guid", (elem.text or "").strip())
+    elif name == "loc":
+        fields.setdefault("url", (elem.text or "").strip())
 
 
 def _refuse_entity_declarations(chunk: bytes) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import logging
 import os
 import queue
@@ -34,10 +35,11 @@ import pika
 import pika.exceptions
 import redis
 
-from common import topology
+from common import metrics, topology
 from common.config import Settings
 from common.connections import connect_rabbitmq
 from common.errors import ServiceUnavailable
+from common.heartbeat import Heartbeat
 from common.processing import Outcome, Processor
 from common.publisher import ConfirmingPublisher
 
@@ -82,6 +84,9 @@ class Worker:
         self._marks: dict[int, tuple[str, int] | None] = {}
         self._last_delivery = time.monotonic()
         self._threads: list[threading.Thread] = []
+        self._current: dict[str, str] = {}  # fetch thread name -> URL it is working on
+        self.heartbeat = Heartbeat(processor.client, settings.worker_id,
+                                   settings.heartbeat_interval_s, self.snapshot)
 
     # -- public -------------------------------------------------------------------------------
     def request_stop(self, *_args: object) -> None:
@@ -92,6 +97,12 @@ class Worker:
         logger.info("stop requested: finishing in-flight work")
         self._stop.set()
 
+    def snapshot(self) -> dict[str, Any]:
+        """What the heartbeat publishes about this worker."""
+        return {"processed": self.processed, "outcomes": dict(self.outcomes),
+                "in_flight": len(self._inflight), "current": sorted(self._current.values()),
+                "concurrency": self.settings.concurrency}
+
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
@@ -99,6 +110,8 @@ class Worker:
     def run(self) -> int:
         """Consume until stopped or idle; returns the process exit code."""
         self._start_threads()
+        self.heartbeat.start()
+        metrics.serve(self.settings.metrics_port)
         connected_once = False
         try:
             while not self._stop.is_set():
@@ -123,6 +136,7 @@ class Worker:
         finally:
             self._stop_threads()
             self._drop_connection()
+            self.heartbeat.stop()
         logger.info("worker %s stopped after %d messages %s", self.settings.worker_id,
                     self.processed, self.outcomes)
         return 0
@@ -153,6 +167,7 @@ class Worker:
         while not self._stop.is_set():
             self._connection.process_data_events(time_limit=_LOOP_TICK_S)
             self._settle_confirms()
+            metrics.IN_FLIGHT.set(len(self._inflight))
             if self._idle_expired():
                 logger.info("no message for %.1fs: idle exit", self.settings.idle_exit_s)
                 self._stop.set()
@@ -185,6 +200,10 @@ class Worker:
             return
         self.processed += 1
         self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
+        metrics.FETCHES.labels(outcome.kind).inc()
+        if outcome.kind == "dead_letter" and outcome.publishes:
+            reason = (outcome.publishes[0].headers or {}).get("reason", "unknown")
+            metrics.DEAD_LETTERS.labels(reason).inc()
         logger.log(logging.DEBUG if outcome.kind == "delay" else logging.INFO, "%s %s -> %s %s",
                    delivery.queue, outcome.url, outcome.kind, outcome.detail)
         if not outcome.publishes:
@@ -290,7 +309,12 @@ class Worker:
             _rank, _seq, item = self._buffer.get()
             if item is _STOP_THREAD:
                 return
-            outcome = self._process_with_redis_retry(item)
+            name = threading.current_thread().name
+            self._current[name] = _peek_url(item.body)
+            try:
+                outcome = self._process_with_redis_retry(item)
+            finally:
+                self._current.pop(name, None)
             connection = self._connection
             if connection is None or item.generation != self._generation:
                 continue
@@ -320,3 +344,12 @@ class Worker:
                 # traceback and dead-letter the message with the exception class.
                 logger.exception("unexpected error processing delivery from %s", delivery.queue)
                 return self.processor.worker_error(delivery.body, exc)
+
+
+def _peek_url(body: bytes) -> str:
+    """The message's URL for the heartbeat's "current" list (best effort, no validation)."""
+    try:
+        url = json.loads(body).get("url")
+    except (ValueError, AttributeError):
+        return "<unparsable>"
+    return url if isinstance(url, str) else "<unparsable>"

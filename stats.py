@@ -1,7 +1,8 @@
-"""Print the fleet's state: queue depths, DLQ size, seen-set size, result count.
+"""The fleet's status: queues, delays, dead letters, rates, cache, domains, workers.
 
-    python stats.py           # a small table
-    python stats.py --json    # the same as JSON, for scripts
+    python stats.py            # a table
+    python stats.py --json     # the same as JSON, for scripts
+    python stats.py --watch    # a live view, refreshed every 2 s (Ctrl-C to leave)
 """
 
 from __future__ import annotations
@@ -15,15 +16,24 @@ from common.connections import connect_rabbitmq, connect_redis
 
 
 def main(settings: Settings) -> int:
-    parser = argparse.ArgumentParser(description="Show the fleet's queues and counters.")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser = argparse.ArgumentParser(description="Show the fleet's status.")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    mode.add_argument("--watch", action="store_true", help="live view on the terminal")
+    parser.add_argument("--interval", type=float, default=2.0, help="--watch refresh seconds")
     args = parser.parse_args()
     client = connect_redis(settings)
     connection = connect_rabbitmq(settings)
     try:
+        if args.watch:
+            try:
+                stats.watch(settings, connection, client, args.interval)
+            except KeyboardInterrupt:
+                return cli.EXIT_OK
         snapshot = stats.collect(settings, connection, client)
     finally:
-        connection.close()
+        if connection.is_open:
+            connection.close()
     print(json.dumps(snapshot, indent=2) if args.json else stats.render(snapshot))
     return cli.EXIT_OK
 

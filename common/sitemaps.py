@@ -15,7 +15,9 @@ Hostile input:
 * A body is at most MAX_SITEMAP_BYTES (the protocol's 50 MB) as downloaded, after
   Content-Encoding, and after our own gunzip, which inflates in bounded steps and stops at the
   cap: a gzip bomb is refused after at most 50 MB of streaming work, never held in memory.
-* At most MAX_URLS_PER_SITEMAP entries are taken from one file; the rest is not read.
+* At most MAX_URLS_PER_SITEMAP entries are taken from one file (the rest is not read and the
+  file is reported), at most MAX_XML_ELEMENTS elements parsed, _MAX_GZIP_MEMBERS gzip members
+  inflated. Every element is freed as soon as it ends, so memory stays flat.
 * A sitemap that fails (HTTP error, refused, malformed) contributes no URL at all: its entries
   are submitted only once the whole file has parsed. The error names the sitemap and the run
   goes on with the others.
@@ -64,6 +66,9 @@ MAX_SITEMAP_BYTES = 50 * 1024 * 1024  # sitemaps.org: 52,428,800 bytes uncompres
 MAX_URLS_PER_SITEMAP = 50_000  # sitemaps.org: entries per sitemap or index file
 MAX_INDEX_DEPTH = 3  # index → index → index → urlset; the protocol itself allows one level
 MAX_SITEMAPS_PER_SITE = 100_000  # sitemap files read for one site in one run
+# Each element costs a few microseconds of Python; a real file has ~5-25 per entry (image,
+# video, news extensions), so this bounds the CPU a hostile file of tiny elements can take.
+MAX_XML_ELEMENTS = 2_000_000
 MAX_LOC_CHARS = 16 * 1024  # a longer <loc> is junk, not worth a dead-letter message
 MAX_TEXT_LINE_BYTES = 16 * 1024  # text sitemaps: longer lines are skipped unread
 _INFLATE_IN_BYTES = 64 * 1024  # compressed bytes handed to zlib per step
@@ -73,8 +78,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _ATOM_NS = "http://www.w3.org/2005/Atom"
 _RDF_ABOUT = "{http://www.w3.org/1999/02/22-rdf-syntax-ns#}about"
 _GZIP_WBITS = 31  # zlib: gzip header and trailer, 32 KiB window
+_MAX_GZIP_MEMBERS = 10_000  # members in a row are legal; millions of tiny ones are an attack
 _ENTITIES_REFUSED = "the DOCTYPE declares entities (XXE / entity expansion); refused"
-_MAX_WAIT_STEP_S = 5.0  # re-ask the rate limiter at least this often while waiting
 
 
 class SitemapError(FleetError):
@@ -167,6 +172,7 @@ def _too_big() -> SitemapError:
 def _gunzip(data: bytes) -> Iterator[bytes]:
     """Inflate gzip ``data`` (members in a row allowed) in bounded steps, stopping at the cap."""
     total = 0
+    members = 1
     pos = 0
     pending = b""
     inflater = zlib.decompressobj(wbits=_GZIP_WBITS)
@@ -188,6 +194,9 @@ def _gunzip(data: bytes) -> Iterator[bytes]:
             pending = inflater.unused_data
             if not pending.strip(b"\0") and not data[pos:].strip(b"\0"):
                 return  # done; trailing zero padding (some tools write it) is fine
+            members += 1
+            if members > _MAX_GZIP_MEMBERS:
+                raise SitemapError(f"more than {_MAX_GZIP_MEMBERS} gzip members; refused")
             inflater = zlib.decompressobj(wbits=_GZIP_WBITS)
         elif not out and not pending and pos >= len(data):
             raise SitemapError("gzip data ends early (truncated file)")
@@ -279,6 +288,7 @@ class _XmlReader:
         self.url = url
         self.format: _Format | None = None
         self.depth = 0
+        self.elements = 0
         self.result: Sitemap | None = None
         self.fields: dict[str, str] | None = None  # of the record being read
 
@@ -288,6 +298,9 @@ class _XmlReader:
             fmt = self.format
             if event == "start":
                 self.depth += 1
+                self.elements += 1
+                if self.elements > MAX_XML_ELEMENTS:
+                    raise SitemapError(f"more than {MAX_XML_ELEMENTS} XML elements; refused")
                 if self.depth == 1:
                     self._start_root(elem)
                 elif fmt and self.depth == fmt.depth and _local(elem.tag) == fmt.record:
@@ -338,7 +351,9 @@ class _XmlReader:
             result.skipped += 1
             return False
         lastmod = next((parse_date(fields[name]) for name in fmt.dates if name in fields), None)
-        entries.append(Entry(urljoin(self.url, raw), lastmod))
+        if not raw[:8].lower().startswith(("http://", "https://")):
+            raw = urljoin(self.url, raw)  # relative (not allowed by the protocol, but seen)
+        entries.append(Entry(raw, lastmod))
         return False
 
 
@@ -475,8 +490,10 @@ class SitemapReader:
         try:
             rules = self.robots.get(origin_of(url))
             rate = self.limiter.rate_for(domain, rules.crawl_delay_s() if rules else None)
+            # Sleep out the whole booked slot: asking again earlier would book another one
+            # and push the domain's next free slot further out for the workers.
             while not (admission := self.limiter.admit(domain, rate)).go:
-                self._sleep(min(max(admission.wait_ms, 1) / 1000, _MAX_WAIT_STEP_S))
+                self._sleep(max(admission.wait_ms, 1) / 1000)
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"Redis failed (rate limit): {exc}") from None
         try:

@@ -22,6 +22,7 @@ from common import cli
 from common.config import Settings
 from common.connections import connect_redis
 from common.producing import Producer
+from common.progress import Progress
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,8 +69,9 @@ def main(settings: Settings) -> int:
             print(f"error: no such file: {path}", file=sys.stderr)
             return cli.EXIT_CONFIG
     redis_client = connect_redis(settings)
-    with Producer(settings, redis_client) as producer:
-        summary = producer.submit(iter_inputs(args), force_priority=args.priority)
+    with Producer(settings, redis_client) as producer, Progress(None, "seeding") as progress:
+        summary = producer.submit(progress.track(iter_inputs(args)),
+                                  force_priority=args.priority)
     print(json.dumps(summary.as_dict()) if args.json else summary.line())
     return cli.EXIT_PARTIAL if summary.failed else cli.EXIT_OK
 

@@ -82,7 +82,7 @@ def test_compose_config_refuses_to_render_without_the_secrets(tmp_path):
 
 def test_compose_has_the_broker_redis_worker_and_tool_services(compose):
     assert set(compose["services"]) == {
-        "rabbitmq", "redis", "scraper", "producer", "sitemap_producer"}
+        "rabbitmq", "redis", "scraper", "producer", "sitemap_producer", "prometheus", "grafana"}
 
 
 def test_scraper_can_scale_with_no_container_name_and_no_ports(compose):

@@ -15,10 +15,14 @@
 
 from __future__ import annotations
 
+import heapq
+import http.client
+import logging
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -32,8 +36,69 @@ from common.config import Settings
 from common.errors import FetchError
 from common.netguard import AddressGuard
 
+logger = logging.getLogger(__name__)
+
 _CHUNK_BYTES = 64 * 1024
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class _Watchdog:
+    """Enforces FETCH_TOTAL_TIMEOUT_S: one shared thread cuts the socket of any fetch that
+    outlives its deadline. A read timeout restarts with every byte, so without this a server
+    dripping one byte a second (headers or a Content-Length body) could hold a thread for
+    hours. One thread for all fetches, not a timer per fetch: fetches are the hot path."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, _Watch]] = []
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def watch(self, deadline: float) -> _Watch:
+        watch = _Watch()
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fetch-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            self._seq += 1
+            heapq.heappush(self._heap, (deadline, self._seq, watch))
+            self._cond.notify()
+        return watch
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap:
+                    self._cond.wait()
+                deadline, _seq, watch = self._heap[0]
+                delay = deadline - time.monotonic()
+                if delay > 0 and not watch.done:
+                    self._cond.wait(delay)
+                    continue
+                heapq.heappop(self._heap)
+            if not watch.done:
+                watch.fire()
+
+
+class _Watch:
+    def __init__(self) -> None:
+        self.done = False
+        self.fired = False
+        self.connection: HTTPConnection | None = None
+
+    def fire(self) -> None:
+        self.fired = True
+        sock = getattr(self.connection, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError as exc:  # already closed: the fetch is ending anyway
+                logger.debug("watchdog: socket already closed: %s", exc)
+
+
+_WATCHDOG = _Watchdog()
+_current_watch = threading.local()
 
 
 class BlockedAddress(NewConnectionError):
@@ -56,6 +121,12 @@ class FetchResult:
 
 def _guarded_connection_class(base: type[HTTPConnection], guard: AddressGuard) -> type:
     class GuardedConnection(base):  # type: ignore[misc, valid-type]
+        def request(self, *args: Any, **kwargs: Any) -> Any:
+            watch = getattr(_current_watch, "watch", None)
+            if watch is not None:
+                watch.connection = self  # the socket the watchdog cuts at the deadline
+            return super().request(*args, **kwargs)
+
         def _new_conn(self) -> socket.socket:
             try:
                 infos = socket.getaddrinfo(self._dns_host, self.port, type=socket.SOCK_STREAM)
@@ -101,6 +172,13 @@ class _GuardedAdapter(requests.adapters.HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = {"http": http_pool, "https": https_pool}
 
 
+class _NoRedirectSession(requests.Session):
+    def get_redirect_target(self, resp: requests.Response) -> None:
+        # Even with allow_redirects=False, requests' send() reads a 3xx body in full to
+        # prepare the next hop. The Fetcher follows redirects itself: there is no next hop.
+        return None
+
+
 class Fetcher:
     """Fetches URLs with the fleet's timeouts, User-Agent, address guard and caps."""
 
@@ -115,7 +193,7 @@ class Fetcher:
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
-            session = requests.Session()
+            session = _NoRedirectSession()
             session.trust_env = False
             adapter = _GuardedAdapter(self.guard, pool_connections=32, pool_maxsize=4,
                                       max_retries=0)
@@ -142,6 +220,25 @@ class Fetcher:
         """
         started = time.perf_counter()
         deadline = time.monotonic() + self.settings.fetch_total_timeout_s
+        watch = _WATCHDOG.watch(deadline)
+        _current_watch.watch = watch
+        try:
+            result = self._follow(url, started, deadline, accept_any_type)
+            if watch.fired:  # a cut connection can look like a short, complete body
+                raise FetchError("fetch exceeded FETCH_TOTAL_TIMEOUT_S", kind="timeout")
+            return result
+        except FetchError as exc:
+            if watch.fired and exc.kind != "timeout":
+                raise FetchError(f"fetch took longer than "
+                                 f"{self.settings.fetch_total_timeout_s:g}s ({exc.kind}: {exc})",
+                                 kind="timeout") from None
+            raise
+        finally:
+            watch.done = True
+            _current_watch.watch = None
+
+    def _follow(self, url: str, started: float, deadline: float,
+                accept_any_type: bool) -> FetchResult:
         current = url
         for hop in range(self.settings.max_redirects + 1):
             response = self._get(current)
@@ -168,6 +265,10 @@ class Fetcher:
             return self._session().get(url, timeout=self.timeout, stream=True,
                                        allow_redirects=False)
         except requests.ConnectionError as exc:
+            if (_caused_by(exc, http.client.LineTooLong)
+                    or "got more than 100 headers" in str(exc)):
+                raise FetchError(f"{type(exc).__name__}: {exc}",
+                                 kind="headers_too_large") from None
             if _caused_by(exc, BlockedAddress):
                 raise FetchError(str(_caused_by(exc, BlockedAddress)), kind="blocked") from None
             if isinstance(exc, requests.ConnectTimeout):

@@ -20,6 +20,8 @@ from common.errors import ConfigError
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
+_GLOBAL_UNICAST_V6 = ipaddress.IPv6Network("2000::/3")
+
 
 def parse_networks(raw: str) -> tuple[IPNetwork, ...]:
     """``"127.0.0.0/8, ::1/128"`` → networks. Raises ValueError naming the bad entry."""
@@ -47,6 +49,12 @@ class AddressGuard:
             ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
         if any(ip in network for network in self.allow):
             return True
+        if isinstance(ip, ipaddress.IPv6Address):
+            if ip.is_site_local or ip not in _GLOBAL_UNICAST_V6:
+                return False  # Python still calls deprecated fec0::/10 "global"
+            embedded = ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+            if embedded is not None and not self.allowed(embedded):
+                return False  # 6to4/Teredo wrapping a private or metadata IPv4 address
         return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_unspecified)
 
     def reason(self, address: str) -> str:

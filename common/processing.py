@@ -121,7 +121,7 @@ class Processor:
             origin = origin_of(url)
             rules = self.robots.get(origin)
             if rules is None:
-                parked = self._fetch_robots(origin, message, queue)
+                parked = self._fetch_robots(origin, url, message, queue)
                 if parked is not None:
                     return parked
                 rules = self.robots.get(origin)
@@ -157,7 +157,8 @@ class Processor:
                                      f"{type(exc).__name__}: {exc}")
 
     # -- steps ----------------------------------------------------------------------------------
-    def _fetch_robots(self, origin: str, message: WorkMessage, queue: str) -> Outcome | None:
+    def _fetch_robots(self, origin: str, url: str, message: WorkMessage,
+                      queue: str) -> Outcome | None:
         """Fetch robots.txt for ``origin`` (one worker at a time). None: rules now stored."""
         if not self.robots.try_lock(origin, self.settings.worker_id):
             return self._park(message, queue, ROBOTS_BUSY_MS, "robots.txt being fetched")
@@ -171,6 +172,9 @@ class Processor:
                 response = self.fetcher.fetch(origin + "/robots.txt", accept_any_type=True)
                 entry = entry_for_response(response.status, response.body)
             except FetchError as exc:
+                if exc.kind == "blocked":  # the page is on the same origin: refused as well
+                    return self._dead_letter(message, url, _Failure(
+                        "fetch_blocked", error=f"{exc.kind}: {exc}"))
                 entry = entry_for_response(None, b"", f"{exc.kind}: {exc}")
             self.robots.put(origin, entry)
             logger.info("robots.txt for %s: %s %s", origin, entry.status, entry.detail)

@@ -31,6 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-f", "--file", action="append", default=[],
                         help="file with one URL a line ('#' comments); repeatable; '-' = stdin")
     parser.add_argument("--priority", action="store_true", help="send every URL to priority_queue")
+    parser.add_argument("--recrawl", action="store_true",
+                        help="enqueue URLs even if seen before (a refresh: a new result each; "
+                             "the response cache answers repeats within CACHE_TTL_S)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_intermixed_args(argv)
     if not args.urls and not args.file:
@@ -71,7 +74,7 @@ def main(settings: Settings) -> int:
     redis_client = connect_redis(settings)
     with Producer(settings, redis_client) as producer, Progress(None, "seeding") as progress:
         summary = producer.submit(progress.track(iter_inputs(args)),
-                                  force_priority=args.priority)
+                                  force_priority=args.priority, recrawl=args.recrawl)
     print(json.dumps(summary.as_dict()) if args.json else summary.line())
     return cli.EXIT_PARTIAL if summary.failed else cli.EXIT_OK
 

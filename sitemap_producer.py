@@ -1,15 +1,101 @@
-"""Sitemap producer — not implemented yet (tracked in the sitemap issue).
+"""Seed URLs into the fleet from sites' sitemaps and feeds.
 
-It will discover URLs from robots.txt `Sitemap:` lines and sitemap indexes and feed them
-through the same path as producer.py (common.producing.Producer). Until then it exits 2
-with this message so nobody mistakes it for a working tool.
+    python sitemap_producer.py https://site.example/            # robots.txt Sitemap: lines,
+                                                                 # else /sitemap.xml
+    python sitemap_producer.py https://site.example/news.xml.gz # a sitemap or feed directly
+    python sitemap_producer.py SITE [SITE ...] --since 2024-05-01 --max-urls 10000 --priority
+
+URLs go through the same path as producer.py (common.producing.Producer). Prints one summary
+line per site (``site=… sitemaps=N errors=N filtered=N read=… new=…``); progress on stderr
+while it runs (common.progress: a bar on a terminal, a line every few seconds otherwise). Exits 0 when everything was read and published, 1 when some sitemap failed or
+some URL could not be published, 2 on bad arguments or settings, 3 when RabbitMQ or Redis
+cannot be reached. common/sitemaps.py has the rules (formats, limits, --since).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
+from collections.abc import Callable
+from datetime import datetime
+
+from common import cli
+from common.config import Settings
+from common.connections import connect_redis
+from common.errors import InvalidURL
+from common.producing import Producer, ProduceSummary
+from common.progress import Progress
+from common.sitemaps import SitemapReader, SiteReport, parse_since, produce_site
+from common.urls import canonicalize
+
+
+def _since(raw: str) -> datetime:
+    try:
+        return parse_since(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Seed URLs into the fleet from sitemaps.")
+    parser.add_argument("targets", nargs="+", metavar="URL",
+                        help="a site root (https://host/) or a sitemap/feed URL")
+    parser.add_argument("--since", type=_since, metavar="DATE",
+                        help="keep entries dated at/after DATE (YYYY-MM-DD or ISO datetime, "
+                             "UTC if no zone) and undated ones")
+    parser.add_argument("--max-urls", type=_positive, metavar="N",
+                        help="submit at most N URLs per site")
+    parser.add_argument("--priority", action="store_true", help="send every URL to priority_queue")
+    parser.add_argument("--json", action="store_true", help="print each summary as JSON")
+    args = parser.parse_args(argv)
+    for target in args.targets:
+        try:
+            canonicalize(target)
+        except InvalidURL as exc:
+            parser.error(f"not a site or sitemap URL: {target!r} ({exc})")
+    return args
+
+
+def _advancing(progress: Progress) -> Callable[[SiteReport], None]:
+    """A produce_site callback that moves ``progress`` on by the URLs each sitemap gave."""
+    def on_sitemap(report: SiteReport) -> None:
+        progress.advance(report.summary.read - progress.count)
+
+    return on_sitemap
+
+
+def main(settings: Settings) -> int:
+    args = parse_args()
+    redis_client = connect_redis(settings)
+    reader = SitemapReader(settings, redis_client)
+    reports: list[SiteReport] = []
+    with Producer(settings, redis_client) as producer:
+        for target in args.targets:
+            with Progress(None, f"sitemaps {target}") as progress:
+                report = produce_site(target, reader, producer, since=args.since,
+                                      max_urls=args.max_urls, force_priority=args.priority,
+                                      on_progress=_advancing(progress))
+            print(json.dumps(report.as_dict()) if args.json else report.line(), flush=True)
+            reports.append(report)
+    if len(reports) > 1 and not args.json:
+        total = ProduceSummary()
+        for report in reports:
+            total.merge(report.summary)
+        print(f"total sites={len(reports)} sitemaps={sum(r.sitemaps for r in reports)} "
+              f"errors={sum(len(r.errors) for r in reports)} "
+              f"filtered={sum(r.filtered for r in reports)} {total.line()}")
+    return cli.EXIT_PARTIAL if any(r.failed for r in reports) else cli.EXIT_OK
+
 
 if __name__ == "__main__":
-    print("sitemap_producer.py is not implemented yet; use producer.py -f urls.txt",
-          file=sys.stderr)
-    sys.exit(2)
+    cli.run(main)

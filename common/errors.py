@@ -42,6 +42,7 @@ class FetchError(FleetError):
     def __init__(self, message: str, *, kind: str) -> None:
         super().__init__(message)
         self.kind = kind
+        self.sent_at: float | None = None  # when the request left, if it did
 
     @property
     def transient(self) -> bool:

@@ -21,7 +21,7 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -86,6 +86,7 @@ class _Watch:
         self.done = False
         self.fired = False
         self.connection: HTTPConnection | None = None
+        self.sent_at: float | None = None
 
     def fire(self) -> None:
         self.fired = True
@@ -117,6 +118,7 @@ class FetchResult:
     headers: dict[str, str] = field(default_factory=dict)
     redirects: int = 0
     skipped: str | None = None  # why the body was not read (content type)
+    sent_at: float | None = None  # wall clock when the first request was sent
 
 
 def _guarded_connection_class(base: type[HTTPConnection], guard: AddressGuard) -> type:
@@ -125,6 +127,8 @@ def _guarded_connection_class(base: type[HTTPConnection], guard: AddressGuard) -
             watch = getattr(_current_watch, "watch", None)
             if watch is not None:
                 watch.connection = self  # the socket the watchdog cuts at the deadline
+                if watch.sent_at is None:
+                    watch.sent_at = time.time()  # as close to the wire as we can see
             return super().request(*args, **kwargs)
 
         def _new_conn(self) -> socket.socket:
@@ -226,13 +230,14 @@ class Fetcher:
             result = self._follow(url, started, deadline, accept_any_type)
             if watch.fired:  # a cut connection can look like a short, complete body
                 raise FetchError("fetch exceeded FETCH_TOTAL_TIMEOUT_S", kind="timeout")
-            return result
+            return replace(result, sent_at=watch.sent_at)
         except FetchError as exc:
             if watch.fired and exc.kind != "timeout":
-                raise FetchError(f"fetch took longer than "
+                exc = FetchError(f"fetch took longer than "
                                  f"{self.settings.fetch_total_timeout_s:g}s ({exc.kind}: {exc})",
-                                 kind="timeout") from None
-            raise
+                                 kind="timeout")
+            exc.sent_at = watch.sent_at
+            raise exc from None
         finally:
             watch.done = True
             _current_watch.watch = None
@@ -310,7 +315,8 @@ class Fetcher:
                 chunks.append(chunk)
                 size += len(chunk)
                 if size > cap:
-                    return b"".join(chunks)[:cap], True
+                    chunks[-1] = chunk[:len(chunk) - (size - cap)]  # trim, then one join
+                    return b"".join(chunks), True
                 if time.monotonic() > deadline:
                     raise FetchError(f"fetch took longer than "
                                      f"{self.settings.fetch_total_timeout_s:g}s (slow body)",

@@ -43,7 +43,7 @@ class WorkMessage:
         """
         try:
             data = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise BadMessage(f"body is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise BadMessage(f"body is JSON {type(data).__name__}, not an object")

@@ -44,12 +44,15 @@ from common.fetch import Fetcher, FetchResult
 from common.keys import COUNTERS, DONE_PREFIX, failures_key
 from common.messages import WorkMessage
 from common.parse import NotHTML, is_html, parse_html
-from common.ratelimit import RateLimiter
+from common.ratelimit import RateLimiter, retime_permit
 from common.results import ResultStore
 from common.robots import RobotsRules, RobotsStore, entry_for_response, origin_of
 from common.urls import Fingerprint, canonicalize, domain_of, fingerprint
 
 logger = logging.getLogger(__name__)
+
+#: (permit, sent_at): move the rate-limit permit to the time its request really left.
+Retime = tuple[tuple[str, str] | None, float | None]
 
 ROBOTS_BUSY_MS = 500  # another worker is fetching robots.txt: look again this much later
 
@@ -115,6 +118,10 @@ class Processor:
             remaining_ms = (not_before - time.time()) * 1000
             if topology.hold_level(remaining_ms) is not None:
                 return self._park(message, queue, remaining_ms, "waiting")
+            if remaining_ms > 0:
+                # Under HOLD_MIN_MS (50 ms) early: not worth another hop, and arriving early
+                # would find the window still full. A short sleep, not a busy wait.
+                time.sleep(remaining_ms / 1000)
 
         rules = None
         if self.settings.robots_enabled:
@@ -130,7 +137,7 @@ class Processor:
                 return self._failed(url, message, queue,
                                     _Failure("robots_unavailable", error=detail))
             if not rules.allows(url):
-                if self.done.contains_many([fingerprint(url)])[0]:
+                if self._is_done(url, message):
                     return Outcome("already_done", url, detail="redelivered, already dead-lettered")
                 self.client.hincrby(COUNTERS, "robots_blocked", 1)
                 return self._dead_letter(message, url, _Failure("robots_disallowed"))
@@ -163,6 +170,8 @@ class Processor:
         if not self.robots.try_lock(origin, self.settings.worker_id):
             return self._park(message, queue, ROBOTS_BUSY_MS, "robots.txt being fetched")
         try:
+            if self.robots.get(origin) is not None:
+                return None  # fetched by another worker between our look and the lock
             domain = domain_of(origin)
             admission = self.limiter.admit(domain, self.limiter.rate_for(domain))
             if not admission.go:
@@ -171,7 +180,9 @@ class Processor:
             try:
                 response = self.fetcher.fetch(origin + "/robots.txt", accept_any_type=True)
                 entry = entry_for_response(response.status, response.body)
+                self._retime_now((admission.permit, response.sent_at))
             except FetchError as exc:
+                self._retime_now((admission.permit, exc.sent_at))
                 if exc.kind == "blocked":  # the page is on the same origin: refused as well
                     return self._dead_letter(message, url, _Failure(
                         "fetch_blocked", error=f"{exc.kind}: {exc}"))
@@ -187,9 +198,11 @@ class Processor:
         domain = domain_of(url)
         rate = self.limiter.rate_for(domain, rules.crawl_delay_s() if rules else None)
         use_cache = self.settings.cache_ttl_s > 0
-        done = self._done_mark(url)
+        done = self._done_mark(url, message)
+        booked = message.extra.get("slot")
         admission = self.limiter.admit(domain, rate, cache_url=url if use_cache else None,
-                                       done=done)
+                                       done=done,
+                                       booked_ms=booked if isinstance(booked, int) else 0)
         if admission.done:
             return Outcome("already_done", url, detail="redelivered, outcome already recorded")
         if admission.cached is not None:
@@ -202,7 +215,12 @@ class Processor:
                 return self._record(url, message, queue, response, cached=True, rules=rules)
         if not admission.go:
             self._rate_limited()
-            return self._park(message, queue, admission.wait_ms, "rate limit")
+            booked_message = replace(message, extra={**message.extra,
+                                                     "slot": admission.slot_ms})
+            return self._park(booked_message, queue, admission.wait_ms, "rate limit")
+        if "slot" in message.extra:
+            message = replace(message, extra={k: v for k, v in message.extra.items()
+                                              if k != "slot"})
 
         if use_cache:
             metrics.CACHE_MISSES.inc()
@@ -211,21 +229,25 @@ class Processor:
             metrics.FETCH_SECONDS.observe(response.elapsed_ms / 1000)
             metrics.FETCH_BYTES.inc(len(response.body))
         except FetchError as exc:
+            retime = (admission.permit, exc.sent_at)
             failure = _Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")
             if exc.transient:
-                return self._failed(url, message, queue, failure)
-            return self._dead_letter(message, url, failure)
+                return self._failed(url, message, queue, failure, retime=retime)
+            return self._dead_letter(message, url, failure, retime=retime)
+        retime = (admission.permit, response.sent_at)
         verdict = classify_status(response.status)
         if verdict == OK:
-            return self._record(url, message, queue, response, cached=False, rules=rules)
+            return self._record(url, message, queue, response, cached=False, rules=rules,
+                                retime=retime)
         failure = _Failure(f"http_{response.status}", status=response.status,
                            retry_after=response.headers.get("retry-after"))
         if verdict == PERMANENT:
-            return self._dead_letter(message, url, failure)
-        return self._failed(url, message, queue, failure)
+            return self._dead_letter(message, url, failure, retime=retime)
+        return self._failed(url, message, queue, failure, retime=retime)
 
     def _record(self, url: str, message: WorkMessage, queue: str, response: FetchResult,
-                *, cached: bool, rules: RobotsRules | None = None) -> Outcome:
+                *, cached: bool, rules: RobotsRules | None = None,
+                retime: Retime | None = None) -> Outcome:
         record: dict[str, Any] = {
             "url": url, "fetched_at": round(time.time(), 3), "worker": self.settings.worker_id,
             "queue": queue, "depth": message.depth, "attempts": message.attempts + 1,
@@ -254,17 +276,20 @@ class Processor:
         counters = {"cache_hits": 1} if cached else (
             {"cache_misses": 1} if self.settings.cache_ttl_s > 0 else {})
         self.results.record(record, cache=cache_value, counters=counters,
-                            clear_failures=message.attempts > 0, done=self._done_mark(url))
+                            clear_failures=message.attempts > 0, done=self._done_mark(url, message),
+                            retime=retime)
         return Outcome("result", url, detail=f"status {response.status}"
                        + (" (cached)" if cached else ""))
 
     def _failed(self, url: str, message: WorkMessage, queue: str,
-                failure: _Failure) -> Outcome:
+                failure: _Failure, retime: Retime | None = None) -> Outcome:
         """A transient failure: count it in Redis, then retry later or give up."""
         key = failures_key(url)
         pipe = self.client.pipeline(transaction=True)
         pipe.incr(key)
         pipe.expire(key, self.settings.failures_ttl_s)
+        if retime is not None:
+            retime_permit(pipe, *retime)
         failures = int(pipe.execute()[0])
         first_failure = message.extra.get("first_failure") or utc_now_iso()
         updated = replace(message, attempts=failures,
@@ -293,27 +318,44 @@ class Processor:
                        detail=f"{why}: held {level} ms of {delay_ms:.0f} ms")
 
     def _dead_letter(self, message: WorkMessage, url: str, failure: _Failure, *,
-                     gave_up: bool = False) -> Outcome:
+                     gave_up: bool = False, retime: Retime | None = None) -> Outcome:
         reason = "max_retries" if gave_up else failure.reason
         headers = dead_letter_headers(
             reason, attempts=message.attempts if gave_up else message.attempts + 1,
             last_status=failure.status, last_error=failure.error or failure.reason,
             first_failure=message.extra.get("first_failure"))
         headers["failure"] = failure.reason
-        extra = {k: v for k, v in message.extra.items() if k != "not_before"}
+        extra = {k: v for k, v in message.extra.items() if k not in ("not_before", "slot")}
         body = replace(message, url=url, extra=extra).to_json()
-        self.client.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
+        if retime is not None:
+            retime_permit(pipe, *retime)
+        pipe.execute()
         return Outcome("dead_letter", url, (Publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body,
                                                     headers=headers),),
-                       detail=f"{reason} ({failure.reason})", mark_done=self._done_mark(url))
+                       detail=f"{reason} ({failure.reason})", mark_done=self._done_mark(url, message))
+
+    def _retime_now(self, retime: Retime) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        retime_permit(pipe, *retime)
+        if pipe.command_stack:
+            pipe.execute()
 
     def _rate_limited(self) -> None:
         self.client.hincrby(COUNTERS, "rate_limited", 1)
         metrics.RATE_LIMIT_DELAYS.inc()
 
-    def _done_mark(self, url: str) -> tuple[str, int]:
-        fp = fingerprint(url)
+    def _done_mark(self, url: str, message: WorkMessage) -> tuple[str, int]:
+        """(done-set key, member) of this message's outcome: the URL's, or for a recrawl
+        (a ``nonce`` in the message) that of this one refresh."""
+        nonce = message.extra.get("nonce")
+        fp = fingerprint(f"{url}#recrawl:{nonce}" if isinstance(nonce, str) else url)
         return self.done.key(fp), fp.member
+
+    def _is_done(self, url: str, message: WorkMessage) -> bool:
+        key, member = self._done_mark(url, message)
+        return bool(self.client.sismember(key, member))
 
     def mark_done(self, mark: tuple[str, int]) -> None:
         """Record that a URL's outcome is final (called once its dead letter is confirmed)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -80,6 +81,8 @@ class _Accepted:
     queue: str
     ttl_ms: int | None
     depth: int
+    nonce: str | None = None
+    released_on_failure: bool = True  # False: it was seen before this batch (a recrawl)
 
 
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -123,12 +126,15 @@ class Producer:
         return self._publisher
 
     def submit(self, raw_urls: Iterable[str], *, force_priority: bool = False,
-               depth: int = 0, keep: Keep | None = None) -> ProduceSummary:
+               depth: int = 0, keep: Keep | None = None,
+               recrawl: bool = False) -> ProduceSummary:
         """Send URLs through canonicalise → dedupe → route → publish; return the counts.
 
         Args:
             raw_urls: URLs as given.
             force_priority: route every URL to priority_queue.
+            recrawl: enqueue even URLs seen before (a refresh). Each such message carries a
+                ``nonce`` so its outcome is recorded once, as a new result of its own.
             depth: crawl depth written into the messages.
             keep: called with the canonical URLs that passed dedupe; returns one bool each.
                 URLs it rejects (e.g. over a per-domain page budget) are released from the
@@ -139,11 +145,12 @@ class Producer:
         """
         total = ProduceSummary()
         for chunk in batched(raw_urls, self.settings.producer_batch):
-            total.merge(self._submit_batch(chunk, force_priority, depth, keep))
+            total.merge(self._submit_batch(chunk, force_priority, depth, keep, recrawl))
         return total
 
     def _submit_batch(self, raw_urls: list[str], force_priority: bool,
-                      depth: int, keep: Keep | None = None) -> ProduceSummary:
+                      depth: int, keep: Keep | None = None,
+                      recrawl: bool = False) -> ProduceSummary:
         summary = ProduceSummary(read=len(raw_urls))
         candidates: list[tuple[str, Fingerprint]] = []
         invalid: list[tuple[str, str]] = []
@@ -161,11 +168,13 @@ class Producer:
             raise ServiceUnavailable(f"Redis failed while deduplicating: {exc}") from None
         accepted: list[_Accepted] = []
         for (url, fp), new in zip(candidates, is_new, strict=True):
-            if not new:
+            if not new and not recrawl:
                 summary.duplicate += 1
                 continue
             route = self.router.route(url, force_priority=force_priority)
-            accepted.append(_Accepted(url, fp, route.queue, route.ttl_ms, depth))
+            accepted.append(_Accepted(url, fp, route.queue, route.ttl_ms, depth,
+                                      uuid.uuid4().hex[:16] if recrawl else None,
+                                      released_on_failure=new))
         if keep is not None and accepted:
             verdicts = keep([item.url for item in accepted])
             rejected = [item for item, ok in zip(accepted, verdicts, strict=True) if not ok]
@@ -181,14 +190,14 @@ class Producer:
             published, failed = self._publish_with_retries(accepted, invalid)
         except BaseException:
             # Nothing of this batch is known to be confirmed: release it all before failing.
-            self.seen.remove_many([item.fp for item in accepted])
+            self.seen.remove_many([item.fp for item in accepted if item.released_on_failure])
             raise
         summary.new = len(published)
         summary.failed = len(failed)
         for item in published:
             summary.per_queue[item.queue] += 1
         if failed:
-            self.seen.remove_many([item.fp for item in failed])
+            self.seen.remove_many([item.fp for item in failed if item.released_on_failure])
             for item in failed:
                 logger.error("not published, released from the seen-set: %s", item.url)
         return summary
@@ -215,6 +224,10 @@ class Producer:
                         published.append(confirm.token)
                 else:
                     retry.append(confirm.token)
+            # Items the loop never got to publish (the connection died first) have no confirm
+            # at all: they are retried too, never silently left marked as seen.
+            answered = {id(confirm.token) for confirm in confirms}
+            retry.extend(item for item in todo if id(item) not in answered)
             if not retry:
                 return published, []
             reasons = Counter(c.reason for c in confirms if not c.ok)
@@ -225,7 +238,8 @@ class Producer:
 
     def _publish_one(self, publisher: ConfirmingPublisher, item: Any) -> None:
         if isinstance(item, _Accepted):
-            message = WorkMessage(url=item.url, depth=item.depth, fp=item.fp.hex)
+            extra = {"nonce": item.nonce} if item.nonce else {}
+            message = WorkMessage(url=item.url, depth=item.depth, fp=item.fp.hex, extra=extra)
             publisher.publish("", item.queue, message.to_json(), token=item,
                               expiration_ms=item.ttl_ms)
             return

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from common.keys import COUNTERS, RESULTS_STREAM, content_key, failures_key
+from common.ratelimit import retime_permit
 
 # KEYS[1] done:{b}  KEYS[2] results   ARGV[1] done member  ARGV[2] record JSON  ARGV[3] maxlen
 # Appends the result only if the URL was not done yet; returns 1 when appended.
@@ -34,7 +35,8 @@ class ResultStore:
 
     def record(self, record: dict[str, Any], *, cache: tuple[bytes, int] | None = None,
                counters: dict[str, int] | None = None, clear_failures: bool = False,
-               done: tuple[str, int] | None = None) -> None:
+               done: tuple[str, int] | None = None,
+               retime: tuple[tuple[str, str] | None, float | None] | None = None) -> None:
         """Append one result and do the URL's other bookkeeping in the same round trip:
         store the response in the cache (value, ttl_s), bump counters, and clear the URL's
         retry counter after a success. With ``done`` (done-set key, member) the result is
@@ -53,6 +55,8 @@ class ResultStore:
             pipe.hincrby(COUNTERS, name, amount)
         if clear_failures:
             pipe.delete(failures_key(record["url"]))
+        if retime is not None:
+            retime_permit(pipe, *retime)
         pipe.execute()
 
     def count(self) -> int:

@@ -50,6 +50,10 @@ def canonicalize(raw: str, *, max_length: int = 2048) -> str:
     url = raw.strip()
     if not url:
         raise InvalidURL("empty URL")
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidURL("URL contains characters that are not valid Unicode") from None
     if len(url) > max_length:
         raise InvalidURL(f"URL longer than {max_length} characters")
     if any(ch in url for ch in "\x00\r\n\t "):

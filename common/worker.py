@@ -310,8 +310,8 @@ class Worker:
             if item is _STOP_THREAD:
                 return
             name = threading.current_thread().name
-            self._current[name] = _peek_url(item.body)
             try:
+                self._current[name] = _peek_url(item.body)
                 outcome = self._process_with_redis_retry(item)
             finally:
                 self._current.pop(name, None)
@@ -350,6 +350,6 @@ def _peek_url(body: bytes) -> str:
     """The message's URL for the heartbeat's "current" list (best effort, no validation)."""
     try:
         url = json.loads(body).get("url")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return "<unparsable>"
     return url if isinstance(url, str) else "<unparsable>"

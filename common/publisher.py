@@ -73,8 +73,10 @@ class ConfirmingPublisher:
             expiration=None if expiration_ms is None else str(int(expiration_ms)),
             headers=headers or None)
         self._pending[self._seq] = token
-        self.channel.basic_publish(exchange=exchange, routing_key=routing_key, body=body,
-                                   properties=props, mandatory=mandatory)
+        # Queue the frames on the asynchronous channel; they are written by the next event
+        # processing (poll/wait), so a batch costs one write, not one per message.
+        self.channel._impl.basic_publish(exchange=exchange, routing_key=routing_key, body=body,
+                                         properties=props, mandatory=mandatory)
 
     def poll(self, time_limit_s: float = 0.0) -> list[Confirm]:
         """Process connection events for up to ``time_limit_s``; return the confirms received."""

@@ -32,6 +32,7 @@ class ResultStore:
         self.client = client
         self.maxlen = maxlen
         self._record_once = client.register_script(RECORD_ONCE_LUA)
+        self._record_once_loaded = False
 
     def record(self, record: dict[str, Any], *, cache: tuple[bytes, int] | None = None,
                counters: dict[str, int] | None = None, clear_failures: bool = False,
@@ -42,10 +43,15 @@ class ResultStore:
         retry counter after a success. With ``done`` (done-set key, member) the result is
         appended only if the URL has no recorded outcome yet: one result per URL even when
         a delivery is processed twice."""
+        if done is not None and not self._record_once_loaded:
+            # redis-py's Script in a pipeline sends SCRIPT EXISTS before every pipeline (an
+            # extra round trip a page); load it once and call EVALSHA ourselves.
+            self._record_once.sha = self.client.script_load(RECORD_ONCE_LUA)
+            self._record_once_loaded = True
         pipe = self.client.pipeline(transaction=False)
         if done is not None:
-            self._record_once(keys=[done[0], RESULTS_STREAM],
-                              args=[done[1], encode(record), self.maxlen], client=pipe)
+            pipe.evalsha(self._record_once.sha, 2, done[0], RESULTS_STREAM, done[1],
+                         encode(record), self.maxlen)
         else:
             pipe.xadd(RESULTS_STREAM, {"json": encode(record)}, maxlen=self.maxlen,
                       approximate=True)
@@ -57,7 +63,17 @@ class ResultStore:
             pipe.delete(failures_key(record["url"]))
         if retime is not None:
             retime_permit(pipe, *retime)
-        pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
+        if done is not None and isinstance(replies[0], redis.exceptions.NoScriptError):
+            # Redis restarted and lost its script cache; the rest of the pipeline ran. Load
+            # the script and run just the result append again.
+            self._record_once.sha = self.client.script_load(RECORD_ONCE_LUA)
+            self.client.evalsha(self._record_once.sha, 2, done[0], RESULTS_STREAM, done[1],
+                                encode(record), self.maxlen)
+            replies = replies[1:]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
 
     def count(self) -> int:
         return int(self.client.xlen(RESULTS_STREAM))

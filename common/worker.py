@@ -252,11 +252,14 @@ class Worker:
 
     def _ack(self, tag: int) -> None:
         self._inflight.pop(tag, None)
-        self._channel.basic_ack(tag)
+        # The asynchronous channel underneath queues the frame; the loop's next
+        # process_data_events writes it. BlockingChannel.basic_ack would flush the socket for
+        # every single ack (one write and poll per page, NOTES.md #24).
+        self._channel._impl.basic_ack(tag)
 
     def _nack(self, tag: int) -> None:
         self._inflight.pop(tag, None)
-        self._channel.basic_nack(tag, requeue=True)
+        self._channel._impl.basic_nack(tag, requeue=True)
 
     def _graceful_shutdown(self, consumer_tags: list[str]) -> None:
         for tag in consumer_tags:

@@ -16,6 +16,7 @@ missing=()
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing+=(rabbitmq-server)
 have redis-server || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
 have docker-compose || missing+=(docker-compose)
+have nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 venv_package=()
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || venv_package=(python3-venv)
 
@@ -34,7 +35,7 @@ if [ "${#missing[@]}" -gt 0 ] || [ "${#venv_package[@]}" -gt 0 ]; then
     # The packages' post-install may print "policy-rc.d denied execution of start" on a
     # machine without an init system: harmless, the tests start their own servers.
     "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y \
-        rabbitmq-server redis-server docker-compose "${venv_package[@]}"
+        rabbitmq-server redis-server docker-compose nginx "${venv_package[@]}"
 else
     log "rabbitmq-server, redis-server and docker-compose are installed"
 fi

@@ -53,9 +53,7 @@ def make_fetcher() -> Iterator[Callable[..., Fetcher]]:
 
     yield make
     for fetcher in made:
-        session = getattr(fetcher._local, "session", None)
-        if session is not None:
-            session.close()
+        fetcher.close()
 
 
 def _fetch_error(fetcher: Fetcher, url: str, **kwargs: object) -> FetchError:

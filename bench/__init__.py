@@ -1,0 +1,1 @@
+"""The fleet benchmark (``bash bench/run.sh``) and its helpers; see bench/run.py."""

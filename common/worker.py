@@ -19,6 +19,7 @@ once; the broker redelivers whatever was unacked.
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import json
@@ -85,6 +86,10 @@ class Worker:
         self._last_delivery = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._current: dict[str, str] = {}  # fetch thread name -> URL it is working on
+        self._completed: collections.deque[tuple[Delivery, Outcome | None]] = (
+            collections.deque())
+        self._done_lock = threading.Lock()
+        self._drain_scheduled = False
         self.heartbeat = Heartbeat(processor.client, settings.worker_id,
                                    settings.heartbeat_interval_s, self.snapshot)
 
@@ -147,6 +152,9 @@ class Worker:
         self._inflight.clear()
         self._awaiting.clear()
         self._marks.clear()
+        with self._done_lock:
+            self._completed.clear()  # their channel is gone: the broker redelivers them
+            self._drain_scheduled = False
         self._connection = connect_rabbitmq(self.settings)
         self._generation_started = True
         topology.declare(self._connection.channel())
@@ -190,6 +198,15 @@ class Worker:
         if not early:
             self._inflight[delivery.tag] = delivery
         self._buffer.put((rank, next(self._seq), delivery))
+
+    def _drain_completed(self) -> None:
+        """Runs on the main thread: settle every outcome the fetch threads handed over."""
+        with self._done_lock:
+            completed = list(self._completed)
+            self._completed.clear()
+            self._drain_scheduled = False
+        for delivery, outcome in completed:
+            self._finish(delivery, outcome)
 
     def _finish(self, delivery: Delivery, outcome: Outcome | None) -> None:
         """Runs on the main thread (via add_callback_threadsafe)."""
@@ -321,8 +338,17 @@ class Worker:
             connection = self._connection
             if connection is None or item.generation != self._generation:
                 continue
+            # Hand the outcome to the I/O thread. Under load many finish between two wake-ups
+            # of the I/O thread: only the first of a batch pays for a wake-up (a write to
+            # pika's wake-up socket); the rest ride along in the same drain.
+            with self._done_lock:
+                self._completed.append((item, outcome))
+                wake = not self._drain_scheduled
+                self._drain_scheduled = True
+            if not wake:
+                continue
             try:
-                connection.add_callback_threadsafe(functools.partial(self._finish, item, outcome))
+                connection.add_callback_threadsafe(self._drain_completed)
             except _AMQP_LOST as exc:
                 logger.warning("connection gone before %s could be acked: %s", item.tag, exc)
 

@@ -29,6 +29,7 @@ from common.connections import connect_rabbitmq
 from common.deadletter import DLQ_EXCHANGE, DLQ_ROUTING_KEY, dead_letter_headers
 from common.dedupe import SeenSet
 from common.errors import InvalidURL, ServiceUnavailable
+from common.keys import COUNTERS
 from common.messages import WorkMessage
 from common.publisher import ConfirmingPublisher
 from common.routing import Router
@@ -192,6 +193,9 @@ class Producer:
             # Nothing of this batch is known to be confirmed: release it all before failing.
             self.seen.remove_many([item.fp for item in accepted if item.released_on_failure])
             raise
+        if invalid:
+            # Counted like the workers' dead letters, so the status view sees them too.
+            self.seen.client.hincrby(COUNTERS, f"dead_lettered:{InvalidURL.reason}", len(invalid))
         summary.new = len(published)
         summary.failed = len(failed)
         for item in published:

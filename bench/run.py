@@ -72,7 +72,7 @@ from common.config import KNOBS, load_settings  # noqa: E402
 from common.dedupe import SeenSet  # noqa: E402
 from common.producing import Producer  # noqa: E402
 from common.urls import fingerprint  # noqa: E402
-from devtools.services import FleetServices, fleet_services  # noqa: E402
+from devtools.services import FleetServices, fleet_services, reset_state  # noqa: E402
 from devtools.testsite import start_sites  # noqa: E402
 
 OUT_DIR = REPO_ROOT / "bench" / "out"
@@ -211,18 +211,7 @@ FLEET_ENV_OVERRIDES: dict[str, str] = {}
 
 def reset(services: FleetServices) -> None:
     """Flush every Redis database and re-create the queues empty."""
-    client = redis.Redis.from_url(services.redis_url)
-    try:
-        client.flushall()
-    finally:
-        client.close()
-    connection = pika.BlockingConnection(pika.URLParameters(services.rabbitmq_url))
-    try:
-        channel = connection.channel()
-        topology.delete_all(channel)
-        topology.declare(channel)
-    finally:
-        connection.close()
+    reset_state(services.rabbitmq_url, services.redis_url, all_databases=True)
 
 
 def queue_depths(services: FleetServices, names: Sequence[str]) -> dict[str, int]:

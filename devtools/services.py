@@ -708,3 +708,25 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def reset_state(rabbitmq_url: str, redis_url: str, *, all_databases: bool = False) -> None:
+    """Empty the fleet's state: flush Redis (its database, or all with ``all_databases``) and
+    delete and re-declare every queue and exchange of the topology."""
+    import pika
+    import redis
+
+    from common import topology
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.flushall() if all_databases else client.flushdb()
+    finally:
+        client.close()
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    try:
+        channel = connection.channel()
+        topology.delete_all(channel)
+        topology.declare(channel)
+    finally:
+        connection.close()

@@ -19,9 +19,8 @@ import pika
 import pytest
 import redis
 
-from common import topology
 from common.config import Settings, load_settings
-from devtools.services import FleetServices, fleet_services
+from devtools.services import FleetServices, fleet_services, reset_state
 from devtools.testsite import TestSite
 from tests.helpers import REPO_ROOT, TEST_ENV
 
@@ -59,18 +58,7 @@ def services() -> Iterator[FleetServices]:
 @pytest.fixture
 def settings(services: FleetServices) -> Settings:
     """Settings pointing at the session services, with Redis flushed and the topology fresh."""
-    client = redis.Redis.from_url(services.redis_url)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
-    connection = pika.BlockingConnection(pika.URLParameters(services.rabbitmq_url))
-    try:
-        channel = connection.channel()
-        topology.delete_all(channel)
-        topology.declare(channel)
-    finally:
-        connection.close()
+    reset_state(services.rabbitmq_url, services.redis_url)
     return load_settings({
         "RABBITMQ_URL": services.rabbitmq_url,
         "REDIS_URL": services.redis_url,

@@ -274,6 +274,20 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
     return {name: round(after[name] - before.get(name, 0.0), 3) for name in after}
 
 
+def page_figures(tag: str, urls: Sequence[str], pages: Sequence[LogLine]) -> dict[str, Any]:
+    """What every round reports about its pages, fleet or peer, from nginx's log."""
+    n = len(pages)
+    return {
+        "round": tag,
+        "urls": len(urls),
+        "pages_logged": n,
+        "pages_ok": sum(1 for p in pages if p.status == 200),
+        "duplicates": n - len({(p.addr, p.uri) for p in pages}),
+        "span_s": round(max(p.time_s for p in pages) - min(p.time_s for p in pages), 3),
+        "pages_per_s": rate_per_s([p.time_s for p in pages]),
+    }
+
+
 def page_lines(lines: Sequence[LogLine], agent: str) -> list[LogLine]:
     return [line for line in lines if line.user_agent == agent and line.uri.startswith("/p/")]
 
@@ -428,15 +442,9 @@ def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
     system["workers"] = round(sum(w.cpu_s or 0.0 for w in workers), 3)
     n = len(pages)
     return {
-        "round": tag,
-        "urls": len(urls),
-        "pages_logged": n,
-        "pages_ok": sum(1 for p in pages if p.status == 200),
-        "duplicates": n - len({(p.addr, p.uri) for p in pages}),
+        **page_figures(tag, urls, pages),
         "robots_requests": sum(1 for line in lines if line.uri == "/robots.txt"
                                and line.user_agent == FLEET_UA),
-        "span_s": round(max(p.time_s for p in pages) - min(p.time_s for p in pages), 3),
-        "pages_per_s": rate_per_s([p.time_s for p in pages]),
         "results": results,
         "counters": counters,
         "queues_after": depths,
@@ -512,13 +520,7 @@ def phase_peer(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
     system["spiders"] = round(sum(s.cpu_s or 0.0 for s in spiders), 3)
     n = len(pages)
     return {
-        "round": tag,
-        "urls": len(urls),
-        "pages_logged": n,
-        "pages_ok": sum(1 for p in pages if p.status == 200),
-        "duplicates": n - len({(p.addr, p.uri) for p in pages}),
-        "span_s": round(max(p.time_s for p in pages) - min(p.time_s for p in pages), 3),
-        "pages_per_s": rate_per_s([p.time_s for p in pages]),
+        **page_figures(tag, urls, pages),
         "scheduler": ctx.args.peer_scheduler,
         "items": items,
         "left_in_list": left,

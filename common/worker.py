@@ -85,7 +85,7 @@ class Worker:
         self._marks: dict[int, tuple[str, int] | None] = {}
         self._last_delivery = time.monotonic()
         self._threads: list[threading.Thread] = []
-        self._current: dict[str, str] = {}  # fetch thread name -> URL it is working on
+        self._current: dict[str, bytes] = {}  # fetch thread name -> body it is working on
         self._completed: collections.deque[tuple[Delivery, Outcome | None]] = (
             collections.deque())
         self._done_lock = threading.Lock()
@@ -105,7 +105,7 @@ class Worker:
     def snapshot(self) -> dict[str, Any]:
         """What the heartbeat publishes about this worker."""
         return {"processed": self.processed, "outcomes": dict(self.outcomes),
-                "in_flight": len(self._inflight), "current": sorted(self._current.values()),
+                "in_flight": len(self._inflight), "current": sorted(_peek_url(body) for body in list(self._current.values())),
                 "concurrency": self.settings.concurrency}
 
     def install_signal_handlers(self) -> None:
@@ -331,7 +331,7 @@ class Worker:
                 return
             name = threading.current_thread().name
             try:
-                self._current[name] = _peek_url(item.body)
+                self._current[name] = item.body  # decoded only when a heartbeat reads it
                 outcome = self._process_with_redis_retry(item)
             finally:
                 self._current.pop(name, None)

@@ -91,13 +91,16 @@ def test_worker_serves_prometheus_metrics_with_outcomes_and_latency(settings, re
                 return requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
             except requests.ConnectionError:
                 return ""
-        assert wait_for(lambda: 'fleet_fetches_total{outcome="result"} 5.0' in metrics_text(),
-                        30), output_of(worker)
+        # Six deliveries are worked on concurrently: wait until every one has settled
+        # (five results and the 404's dead letter), not merely the first five.
+        settled = ('fleet_fetches_total{outcome="result"} 5.0',
+                   'fleet_dead_letters_total{reason="http_404"} 1.0')
+        assert wait_for(lambda: all(line in metrics_text() for line in settled), 30), \
+            output_of(worker)
         text = metrics_text()
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
-    assert 'fleet_dead_letters_total{reason="http_404"} 1.0' in text
     assert "fleet_fetch_seconds_bucket" in text and "fleet_fetch_seconds_count 6.0" in text
     assert "fleet_cache_misses_total 6.0" in text
     assert "fleet_fetch_bytes_total" in text and "fleet_in_flight" in text

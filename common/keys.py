@@ -13,7 +13,7 @@
     stats:counters           HASH of fleet-wide counters (HINCRBY): cache_hits, cache_misses,
                              expired, released, retries, robots_blocked, rate_limited,
                              dead_lettered:{reason}.
-    content:{url}            STRING, the response cache: zlib-compressed header + body of a
+    content:{url}            STRING, the response cache: zstd-compressed header + body of a
                              200 response, PX CACHE_TTL_S.
     ratelimit:{domain}       ZSET, sliding log of permits (score = Redis ms clock), PX window.
     ratelimit:{domain}:next  STRING, the domain's next bookable slot (ms), PX.

@@ -16,14 +16,26 @@ from typing import Any
 import redis
 
 from common.keys import COUNTERS, RESULTS_STREAM, content_key, failures_key
-from common.ratelimit import retime_permit
 
-# KEYS[1] done:{b}  KEYS[2] results   ARGV[1] done member  ARGV[2] record JSON  ARGV[3] maxlen
+# One script, one round trip, for everything a fetched page leaves in Redis.
+# KEYS[1] done:{b} ('' = no once-only check)  KEYS[2] results  KEYS[3] content:{url}
+# KEYS[4] stats:counters  KEYS[5] failures:{url}  KEYS[6] ratelimit:{domain} ('' = no permit)
+# ARGV[1] done member  ARGV[2] record JSON  ARGV[3] results maxlen
+# ARGV[4] cache value ('' = do not cache)  ARGV[5] cache TTL s  ARGV[6] clear failures (0/1)
+# ARGV[7] permit member  ARGV[8] send time ms  ARGV[9..] counter name, amount, ...
 # Appends the result only if the URL was not done yet; returns 1 when appended.
-RECORD_ONCE_LUA = """
-if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'json', ARGV[2])
-return 1
+RECORD_LUA = """
+local appended = 1
+if KEYS[1] ~= '' and redis.call('SADD', KEYS[1], ARGV[1]) == 0 then
+  appended = 0
+else
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'json', ARGV[2])
+end
+if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[5]) end
+if ARGV[6] == '1' then redis.call('DEL', KEYS[5]) end
+if KEYS[6] ~= '' then redis.call('ZADD', KEYS[6], 'XX', 'GT', ARGV[8], ARGV[7]) end
+for i = 9, #ARGV, 2 do redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1]) end
+return appended
 """
 
 
@@ -31,49 +43,37 @@ class ResultStore:
     def __init__(self, client: redis.Redis, maxlen: int) -> None:
         self.client = client
         self.maxlen = maxlen
-        self._record_once = client.register_script(RECORD_ONCE_LUA)
-        self._record_once_loaded = False
+        self._record = client.register_script(RECORD_LUA)
 
     def record(self, record: dict[str, Any], *, cache: tuple[bytes, int] | None = None,
                counters: dict[str, int] | None = None, clear_failures: bool = False,
                done: tuple[str, int] | None = None,
-               retime: tuple[tuple[str, str] | None, float | None] | None = None) -> None:
-        """Append one result and do the URL's other bookkeeping in the same round trip:
-        store the response in the cache (value, ttl_s), bump counters, and clear the URL's
-        retry counter after a success. With ``done`` (done-set key, member) the result is
-        appended only if the URL has no recorded outcome yet: one result per URL even when
-        a delivery is processed twice."""
-        if done is not None and not self._record_once_loaded:
-            # redis-py's Script in a pipeline sends SCRIPT EXISTS before every pipeline (an
-            # extra round trip a page); load it once and call EVALSHA ourselves.
-            self._record_once.sha = self.client.script_load(RECORD_ONCE_LUA)
-            self._record_once_loaded = True
-        pipe = self.client.pipeline(transaction=False)
-        if done is not None:
-            pipe.evalsha(self._record_once.sha, 2, done[0], RESULTS_STREAM, done[1],
-                         encode(record), self.maxlen)
-        else:
-            pipe.xadd(RESULTS_STREAM, {"json": encode(record)}, maxlen=self.maxlen,
-                      approximate=True)
-        if cache is not None:
-            pipe.set(content_key(record["url"]), cache[0], ex=cache[1])
+               retime: tuple[tuple[str, str] | None, float | None] | None = None) -> bool:
+        """Append one result and do the URL's other bookkeeping in the same round trip (one
+        script): store the response in the cache (value, ttl_s), bump counters, clear the
+        URL's retry counter after a success, and move the rate-limit permit to the request's
+        send time (see :func:`common.ratelimit.retime_permit`). With ``done`` (done-set key,
+        member) the result is appended only if the URL has no recorded outcome yet: one result
+        per URL even when a delivery is processed twice.
+
+        Returns:
+            False when ``done`` showed the URL already had its result (nothing appended).
+        """
+        permit, sent_at = retime or (None, None)
+        if sent_at is None:
+            permit = None
+        url = record["url"]
+        keys = [done[0] if done else "", RESULTS_STREAM, content_key(url), COUNTERS,
+                failures_key(url), permit[0] if permit else ""]
+        args: list[Any] = [done[1] if done else 0, encode(record), self.maxlen,
+                           cache[0] if cache else b"", cache[1] if cache else 0,
+                           1 if clear_failures else 0, permit[1] if permit else "",
+                           int(sent_at * 1000) if permit else 0]
         for name, amount in (counters or {}).items():
-            pipe.hincrby(COUNTERS, name, amount)
-        if clear_failures:
-            pipe.delete(failures_key(record["url"]))
-        if retime is not None:
-            retime_permit(pipe, *retime)
-        replies = pipe.execute(raise_on_error=False)
-        if done is not None and isinstance(replies[0], redis.exceptions.NoScriptError):
-            # Redis restarted and lost its script cache; the rest of the pipeline ran. Load
-            # the script and run just the result append again.
-            self._record_once.sha = self.client.script_load(RECORD_ONCE_LUA)
-            self.client.evalsha(self._record_once.sha, 2, done[0], RESULTS_STREAM, done[1],
-                                encode(record), self.maxlen)
-            replies = replies[1:]
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
+            args += (name, amount)
+        # redis-py's Script runs EVALSHA and loads the script after a NoScriptError (a
+        # restarted Redis); nothing ran in that case, so running it again is safe.
+        return bool(self._record(keys=keys, args=args))
 
     def count(self) -> int:
         return int(self.client.xlen(RESULTS_STREAM))

@@ -39,10 +39,10 @@ class BadMessage(FleetError):
 class FetchError(FleetError):
     """A fetch that failed before any HTTP status was received (timeouts, connection errors)."""
 
-    def __init__(self, message: str, *, kind: str) -> None:
+    def __init__(self, message: str, *, kind: str, sent_at: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
-        self.sent_at: float | None = None  # when the request left, if it did
+        self.sent_at = sent_at  # when the request left, if it did
 
     @property
     def transient(self) -> bool:

@@ -498,3 +498,45 @@ def test_a_refused_connection_is_a_transient_connection_error(make_fetcher):
     finally:
         sock.close()
     assert error.kind == "connection" and error.transient
+
+
+# -- content encodings (decoded by the fleet, not libcurl) -------------------------------------
+
+
+def _deflate(data: bytes, wbits: int) -> bytes:
+    compressor = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    return compressor.compress(data) + compressor.flush()
+
+
+@pytest.mark.parametrize("encoding, body", [
+    ("gzip", _deflate(b"<p>one</p>", 31) + _deflate(b"<p>two</p>", 31)),  # two members
+    ("x-gzip", _deflate(b"<p>one</p><p>two</p>", 31)),
+    ("deflate", _deflate(b"<p>one</p><p>two</p>", 15)),  # zlib-wrapped, as the RFC says
+    ("deflate", _deflate(b"<p>one</p><p>two</p>", -15)),  # raw, as many servers send it
+])
+def test_gzip_and_deflate_bodies_are_decoded_whole(make_fetcher, site, encoding, body):
+    site.route("/t-fetch/encoded", _static(200, {"Content-Type": "text/html",
+                                                 "Content-Encoding": encoding}, body))
+    result = make_fetcher().fetch(site.url("/t-fetch/encoded"))
+    assert result.body == b"<p>one</p><p>two</p>" and not result.truncated
+    [record] = site.log
+    assert record.headers.get("Accept-Encoding") == "gzip, deflate"
+
+
+@pytest.mark.parametrize("encoding, body, message", [
+    ("gzip", b"\x1f\x8b\x08\x00 certainly not gzip", "bad gzip body"),
+    ("br", b"\x0b\x02\x80<p>x</p>\x03", "unsupported Content-Encoding 'br'"),
+])
+def test_an_undecodable_body_is_an_invalid_fetch(make_fetcher, site, encoding, body, message):
+    site.route("/t-fetch/undecodable", _static(200, {"Content-Type": "text/html",
+                                                     "Content-Encoding": encoding}, body))
+    error = _fetch_error(make_fetcher(), site.url("/t-fetch/undecodable"))
+    assert error.kind == "invalid" and not error.transient and message in str(error)
+
+
+def test_keep_alive_connections_are_reused_between_fetches(make_fetcher, site):
+    fetcher = make_fetcher()
+    for n in range(1, 6):
+        assert fetcher.fetch(site.page_url(n)).status == 200
+    ports = {record.client[1] for record in site.log}
+    assert len(site.log) == 5 and len(ports) == 1, ports

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import redis
 
 from common.keys import COUNTERS, RESULTS_STREAM, content_key, failures_key
@@ -93,5 +94,7 @@ class ResultStore:
             cursor, exclusive = ident, True
 
 
-def encode(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+def encode(record: dict[str, Any]) -> bytes:
+    """Compact UTF-8 JSON. orjson: ~0.6 us for a page's record against ~11 us for json.dumps
+    (NOTES #25); it refuses what json would write as invalid JSON (NaN becomes null)."""
+    return orjson.dumps(record)

@@ -81,6 +81,7 @@ class Worker:
         self._channel: Any = None
         self._publisher: ConfirmingPublisher | None = None
         self._inflight: dict[int, Delivery] = {}
+        self._acks: list[int] = []  # settled with an ack, not yet handed to the channel
         self._awaiting: dict[int, list[bool]] = {}
         self._marks: dict[int, tuple[str, int] | None] = {}
         self._last_delivery = time.monotonic()
@@ -150,6 +151,7 @@ class Worker:
     def _session(self) -> None:
         self._generation += 1
         self._inflight.clear()
+        self._acks.clear()
         self._awaiting.clear()
         self._marks.clear()
         with self._done_lock:
@@ -175,6 +177,7 @@ class Worker:
         while not self._stop.is_set():
             self._connection.process_data_events(time_limit=_LOOP_TICK_S)
             self._settle_confirms()
+            self._flush_acks()
             metrics.IN_FLIGHT.set(len(self._inflight))
             if self._idle_expired():
                 logger.info("no message for %.1fs: idle exit", self.settings.idle_exit_s)
@@ -269,10 +272,31 @@ class Worker:
 
     def _ack(self, tag: int) -> None:
         self._inflight.pop(tag, None)
-        # The asynchronous channel underneath queues the frame; the loop's next
-        # process_data_events writes it. BlockingChannel.basic_ack would flush the socket for
-        # every single ack (one write and poll per page, NOTES.md #24).
-        self._channel._impl.basic_ack(tag)
+        self._acks.append(tag)  # sent by _flush_acks at the end of this loop turn
+
+    def _flush_acks(self) -> None:
+        """Hand this loop turn's acks to the channel, as few frames as is safe.
+
+        Tags are per channel and increase with every delivery, so one ack with
+        ``multiple=True`` settles every outstanding tag up to it; that is safe below the
+        lowest tag still in flight (early-acked and nacked tags are no longer outstanding).
+        Acks above it go one by one, never held back: an ack waiting for a slow fetch would
+        shrink the prefetch window. The asynchronous channel underneath queues the frames and
+        the loop's next process_data_events writes them; BlockingChannel.basic_ack would flush
+        the socket for every single ack (NOTES.md #24, #26).
+        """
+        if not self._acks:
+            return
+        floor = min(self._inflight) if self._inflight else None
+        below = [tag for tag in self._acks if floor is None or tag < floor]
+        channel = self._channel._impl
+        if below:
+            channel.basic_ack(max(below), multiple=len(below) > 1)
+        if len(below) < len(self._acks):
+            for tag in self._acks:
+                if floor is not None and tag > floor:
+                    channel.basic_ack(tag)
+        self._acks.clear()
 
     def _nack(self, tag: int) -> None:
         self._inflight.pop(tag, None)
@@ -294,9 +318,11 @@ class Worker:
         if returned:
             logger.info("returned %d unstarted deliveries to the broker", returned)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        self._flush_acks()
         while (self._inflight or self._awaiting) and time.monotonic() < deadline:
             self._connection.process_data_events(time_limit=_LOOP_TICK_S)
             self._settle_confirms()
+            self._flush_acks()
         if self._inflight:
             logger.warning("%d deliveries still running after %.0fs; the broker will redeliver",
                            len(self._inflight), SHUTDOWN_GRACE_S)

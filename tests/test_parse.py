@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urljoin
 
@@ -627,3 +628,16 @@ def test_html_is_sniffed_when_the_type_is_missing_or_unknown(head: bytes) -> Non
 )
 def test_non_html_is_not_sniffed_as_html(head: bytes) -> None:
     assert is_html(None, head) is False
+
+
+def test_text_length_matches_the_collapsed_text_on_random_node_lists() -> None:
+    # The length is counted without building the collapsed string (parse._measure_text);
+    # check it against building it, on seeded random runs of ASCII whitespace and
+    # multi-byte characters.
+    rng = random.Random(20261122)
+    alphabet = [" ", "\t", "\n", "\r", "\f", "  ", "a", "bc", "é", "中", "\u00a0"]
+    for _ in range(5000):
+        nodes = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+                 for _ in range(rng.randint(0, 6))]
+        collapsed = re.sub(r"[ \t\n\r\f]+", " ", " ".join(nodes)).strip(" ")
+        assert parse._measure_text(nodes)[0] == len(collapsed), nodes

@@ -166,6 +166,9 @@ KNOBS: tuple[Knob, ...] = (
          "Worker id in logs and results (default: hostname-pid)."),
     Knob("WORKER_CONCURRENCY", "concurrency", _positive_int, "8",
          "Parallel fetches per worker process (threads); --concurrency overrides."),
+    Knob("PARSE_CONCURRENCY", "parse_concurrency", _positive_int, "2",
+         "Fetch threads that may parse and record at once; more only trade the GIL "
+         "(NOTES #26)."),
     Knob("PREFETCH", "prefetch", _non_negative_int, "0",
          "basic_qos prefetch per consumer (0: twice the concurrency)."),
     Knob("PRIORITY_AUTO_ACK", "priority_auto_ack", _bool, "false",
@@ -268,6 +271,7 @@ class Settings:
     connect_retry_s: float = 30.0
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     concurrency: int = 8
+    parse_concurrency: int = 2
     prefetch: int = 0
     priority_auto_ack: bool = False
     idle_exit_s: float = 0.0

@@ -6,8 +6,12 @@ Threads and ownership (pika is not thread-safe; see NOTES.md #6):
   keeps heartbeats flowing however long a fetch takes, receives deliveries into a local
   priority buffer, publishes dead-letters/retries with asynchronous confirms, and acks.
 * ``concurrency`` fetch threads take deliveries from the buffer (priority_queue first), run
-  :class:`common.processing.Processor`, and hand the outcome back with
-  ``connection.add_callback_threadsafe``.
+  :class:`common.processing.Processor`, and append the outcome to a hand-over deque.
+* While any delivery is outstanding, the main thread works in ticks (BUSY_TICK_S): it sleeps,
+  then handles every pending AMQP event, outcome and confirm in one go. Waking for each frame
+  and each outcome made the two kinds of thread trade the GIL dozens of times per page (50
+  context switches and ~0.5 ms of kernel time per page, NOTES #26). When nothing is
+  outstanding it blocks in ``process_data_events`` and wakes on the next delivery.
 
 A delivery is acked only once its outcome is durable: the result is in Redis, or every message
 the outcome publishes is confirmed by the broker. A failed confirm nacks it back to its queue.
@@ -48,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 50.0  # below compose's stop_grace_period (60 s)
 _LOOP_TICK_S = 0.1
+#: While work is outstanding the I/O loop runs this often (acks wait at most this long).
+BUSY_TICK_S = 0.005
 _AMQP_LOST = (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError,
               pika.exceptions.StreamLostError, pika.exceptions.ConnectionWrongStateError)
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError,
@@ -90,7 +96,7 @@ class Worker:
         self._completed: collections.deque[tuple[Delivery, Outcome | None]] = (
             collections.deque())
         self._done_lock = threading.Lock()
-        self._drain_scheduled = False
+        self._outstanding = 0  # deliveries handed to fetch threads and not yet finished
         self.heartbeat = Heartbeat(processor.client, settings.worker_id,
                                    settings.heartbeat_interval_s, self.snapshot)
 
@@ -152,11 +158,11 @@ class Worker:
         self._generation += 1
         self._inflight.clear()
         self._acks.clear()
+        self._outstanding = 0  # earlier deliveries are not drained: their channel is gone
         self._awaiting.clear()
         self._marks.clear()
         with self._done_lock:
             self._completed.clear()  # their channel is gone: the broker redelivers them
-            self._drain_scheduled = False
         self._connection = connect_rabbitmq(self.settings)
         self._generation_started = True
         topology.declare(self._connection.channel())
@@ -175,9 +181,7 @@ class Worker:
                     ", priority auto-ack" if self.settings.priority_auto_ack else "")
         self._last_delivery = time.monotonic()
         while not self._stop.is_set():
-            self._connection.process_data_events(time_limit=_LOOP_TICK_S)
-            self._settle_confirms()
-            self._flush_acks()
+            self._turn()
             metrics.IN_FLIGHT.set(len(self._inflight))
             if self._idle_expired():
                 logger.info("no message for %.1fs: idle exit", self.settings.idle_exit_s)
@@ -200,19 +204,31 @@ class Worker:
                             time.monotonic())
         if not early:
             self._inflight[delivery.tag] = delivery
+        self._outstanding += 1
         self._buffer.put((rank, next(self._seq), delivery))
+
+    def _turn(self) -> None:
+        """One turn of the I/O loop: AMQP events, finished outcomes, confirms, acks."""
+        if self._outstanding or self._inflight or self._awaiting:
+            time.sleep(BUSY_TICK_S)  # the GIL is the fetch threads' meanwhile
+            self._connection.process_data_events(time_limit=0)
+        else:
+            self._connection.process_data_events(time_limit=_LOOP_TICK_S)
+        self._drain_completed()
+        self._settle_confirms()
+        self._flush_acks()
 
     def _drain_completed(self) -> None:
         """Runs on the main thread: settle every outcome the fetch threads handed over."""
         with self._done_lock:
             completed = list(self._completed)
             self._completed.clear()
-            self._drain_scheduled = False
         for delivery, outcome in completed:
+            self._outstanding -= 1
             self._finish(delivery, outcome)
 
     def _finish(self, delivery: Delivery, outcome: Outcome | None) -> None:
-        """Runs on the main thread (via add_callback_threadsafe)."""
+        """Runs on the main thread."""
         if delivery.generation != self._generation:
             return  # its channel is gone; the broker redelivers it
         if outcome is None:
@@ -312,6 +328,8 @@ class Worker:
                 _rank, _seq, item = self._buffer.get_nowait()
             except queue.Empty:
                 break
+            if isinstance(item, Delivery):
+                self._outstanding -= 1
             if isinstance(item, Delivery) and not item.early_acked:
                 self._nack(item.tag)
                 returned += 1
@@ -320,9 +338,7 @@ class Worker:
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         self._flush_acks()
         while (self._inflight or self._awaiting) and time.monotonic() < deadline:
-            self._connection.process_data_events(time_limit=_LOOP_TICK_S)
-            self._settle_confirms()
-            self._flush_acks()
+            self._turn()
         if self._inflight:
             logger.warning("%d deliveries still running after %.0fs; the broker will redeliver",
                            len(self._inflight), SHUTDOWN_GRACE_S)
@@ -361,22 +377,12 @@ class Worker:
                 outcome = self._process_with_redis_retry(item)
             finally:
                 self._current.pop(name, None)
-            connection = self._connection
-            if connection is None or item.generation != self._generation:
-                continue
-            # Hand the outcome to the I/O thread. Under load many finish between two wake-ups
-            # of the I/O thread: only the first of a batch pays for a wake-up (a write to
-            # pika's wake-up socket); the rest ride along in the same drain.
+            if self._connection is None or item.generation != self._generation:
+                continue  # its channel is gone: the broker redelivers it
+            # Hand the outcome to the I/O thread, which is ticking while anything is
+            # outstanding (see _turn): no wake-up needed.
             with self._done_lock:
                 self._completed.append((item, outcome))
-                wake = not self._drain_scheduled
-                self._drain_scheduled = True
-            if not wake:
-                continue
-            try:
-                connection.add_callback_threadsafe(self._drain_completed)
-            except _AMQP_LOST as exc:
-                logger.warning("connection gone before %s could be acked: %s", item.tag, exc)
 
     def _process_with_redis_retry(self, delivery: Delivery) -> Outcome | None:
         """Process a delivery; while Redis is down, hold it and retry instead of dropping it."""

@@ -1,0 +1,79 @@
+"""What one worker process costs per page, user and kernel time apart, with context switches.
+
+    .venv/bin/python -m bench.worker_cost [--pages 4000] [--sites 4] [--concurrency 8]
+                                          [--env KEY=VALUE ...]
+
+Starts RabbitMQ and Redis (devtools.services), an nginx farm on loopback (bench/farm.py),
+seeds the farm's URLs and runs one :class:`common.worker.Worker` in this process until it is
+idle, then prints per page: CPU (user + system), voluntary and involuntary context switches,
+and the wall time. In-process, so `getrusage` sees only the worker (RabbitMQ, Redis and nginx
+are child processes and are not counted). The full bench (bench/run.sh) compares the fleet
+with scrapy-redis; this is the quick loop for the worker's own cost (NOTES #26), where kernel
+time and context switches show GIL trading between threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis  # noqa: E402
+
+from bench.farm import Farm, NginxFarm  # noqa: E402
+from common.config import load_settings  # noqa: E402
+from common.processing import Processor  # noqa: E402
+from common.producing import Producer  # noqa: E402
+from common.worker import Worker  # noqa: E402
+from devtools.services import fleet_services  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pages", type=int, default=4000, help="pages in all (default 4000)")
+    parser.add_argument("--sites", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=8, help="WORKER_CONCURRENCY")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="more fleet settings, e.g. PARSE_CONCURRENCY=1")
+    args = parser.parse_args(argv)
+    extra = dict(pair.split("=", 1) for pair in args.env)
+    logging.basicConfig(level=logging.WARNING)
+    per_site = max(1, args.pages // args.sites)
+    with tempfile.TemporaryDirectory(prefix="worker-cost-") as tmp:
+        farm = Farm.generate(Path(tmp), sites=args.sites, pages=per_site)
+        with fleet_services() as services, NginxFarm(farm):
+            settings = load_settings({
+                "RABBITMQ_URL": services.rabbitmq_url, "REDIS_URL": services.redis_url,
+                "IDLE_EXIT_S": "1.0", "WORKER_CONCURRENCY": str(args.concurrency),
+                "LOG_LEVEL": "WARNING", "RATE_LIMIT": "100000/second",
+                "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", **extra})
+            client = redis.Redis.from_url(services.redis_url)
+            urls = [site.page_url(n) for site in farm.sites for n in range(1, per_site + 1)]
+            with Producer(settings, client) as producer:
+                producer.submit(urls)
+            worker = Worker(settings, Processor(settings, client))
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            started = time.perf_counter()
+            worker.run()
+            wall_s = time.perf_counter() - started - settings.idle_exit_s
+            after = resource.getrusage(resource.RUSAGE_SELF)
+    n = max(1, worker.processed)
+    user_us = (after.ru_utime - before.ru_utime) / n * 1e6
+    system_us = (after.ru_stime - before.ru_stime) / n * 1e6
+    print(f"{worker.processed} messages {worker.outcomes}, concurrency {args.concurrency} "
+          f"{' '.join(args.env)}")
+    print(f"per page: CPU {user_us + system_us:.0f} us (user {user_us:.0f}, system "
+          f"{system_us:.0f}), context switches {(after.ru_nvcsw - before.ru_nvcsw) / n:.1f} "
+          f"voluntary {(after.ru_nivcsw - before.ru_nivcsw) / n:.1f} involuntary; "
+          f"{n / wall_s:.0f} pages/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

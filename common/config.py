@@ -208,7 +208,7 @@ KNOBS: tuple[Knob, ...] = (
          "Requests per domain shared by the whole fleet, in `limits` notation (2/second)."),
     Knob("RATE_LIMITS", "rate_limit_overrides", _rate_overrides, "",
          "Per-domain overrides: host=rate,host=rate (a host also covers its subdomains)."),
-    Knob("RATE_LIMIT_GUARD", "rate_limit_guard", _fraction, "0.03",
+    Knob("RATE_LIMIT_GUARD", "rate_limit_guard", _fraction, "0.02",
          "Extra fraction of the window kept free, so network jitter cannot push two "
          "requests into one server-side window."),
     Knob("ROBOTS_ENABLED", "robots_enabled", _bool, "true", "Obey robots.txt."),
@@ -291,7 +291,7 @@ class Settings:
     routing_rules: str | None = None
     rate_limit: tuple[int, int] = (60, 60_000)
     rate_limit_overrides: tuple[tuple[str, tuple[int, int]], ...] = ()
-    rate_limit_guard: float = 0.03
+    rate_limit_guard: float = 0.02
     robots_enabled: bool = True
     robots_user_agent: str = "scrape-fleet"
     robots_ttl_s: int = 86400

@@ -7,11 +7,10 @@ Threads and ownership (pika is not thread-safe; see NOTES.md #6):
   priority buffer, publishes dead-letters/retries with asynchronous confirms, and acks.
 * ``concurrency`` fetch threads take deliveries from the buffer (priority_queue first), run
   :class:`common.processing.Processor`, and append the outcome to a hand-over deque.
-* While any delivery is outstanding, the main thread works in ticks (BUSY_TICK_S): it sleeps,
-  then handles every pending AMQP event, outcome and confirm in one go. Waking for each frame
-  and each outcome made the two kinds of thread trade the GIL dozens of times per page (50
-  context switches and ~0.5 ms of kernel time per page, NOTES #26). When nothing is
-  outstanding it blocks in ``process_data_events`` and wakes on the next delivery.
+* While every fetch thread has work, the main thread works in ticks (BUSY_TICK_S): it
+  sleeps, then handles every pending AMQP event, outcome and confirm in one go. Waking for each
+  frame and each outcome made the threads trade the GIL dozens of times per page (NOTES #26).
+  Below that it blocks in ``process_data_events`` and fetch threads wake it when they finish.
 
 A delivery is acked only once its outcome is durable: the result is in Redis, or every message
 the outcome publishes is confirmed by the broker. A failed confirm nacks it back to its queue.
@@ -97,6 +96,8 @@ class Worker:
             collections.deque())
         self._done_lock = threading.Lock()
         self._outstanding = 0  # deliveries handed to fetch threads and not yet finished
+        self._ticking = False  # the I/O thread polls every BUSY_TICK_S (no wake-ups needed)
+        self._wake_scheduled = False
         self.heartbeat = Heartbeat(processor.client, settings.worker_id,
                                    settings.heartbeat_interval_s, self.snapshot)
 
@@ -163,6 +164,7 @@ class Worker:
         self._marks.clear()
         with self._done_lock:
             self._completed.clear()  # their channel is gone: the broker redelivers them
+            self._wake_scheduled = False
         self._connection = connect_rabbitmq(self.settings)
         self._generation_started = True
         topology.declare(self._connection.channel())
@@ -208,12 +210,23 @@ class Worker:
         self._buffer.put((rank, next(self._seq), delivery))
 
     def _turn(self) -> None:
-        """One turn of the I/O loop: AMQP events, finished outcomes, confirms, acks."""
-        if self._outstanding or self._inflight or self._awaiting:
+        """One turn of the I/O loop: AMQP events, finished outcomes, confirms, acks.
+
+        Saturated (at least ``concurrency`` deliveries outstanding: every fetch thread has
+        work), it ticks: sleep BUSY_TICK_S, then take every event at once. Otherwise it waits
+        for the next event, and fetch threads wake it when they finish (a politeness-bound
+        crawl, where every few milliseconds of hand-over add up across windows).
+        """
+        if self._outstanding >= self.settings.concurrency:
+            with self._done_lock:
+                self._ticking = True
             time.sleep(BUSY_TICK_S)  # the GIL is the fetch threads' meanwhile
             self._connection.process_data_events(time_limit=0)
         else:
-            self._connection.process_data_events(time_limit=_LOOP_TICK_S)
+            with self._done_lock:
+                self._ticking = False
+                pending = bool(self._completed)
+            self._connection.process_data_events(time_limit=0 if pending else _LOOP_TICK_S)
         self._drain_completed()
         self._settle_confirms()
         self._flush_acks()
@@ -223,6 +236,7 @@ class Worker:
         with self._done_lock:
             completed = list(self._completed)
             self._completed.clear()
+            self._wake_scheduled = False
         for delivery, outcome in completed:
             self._outstanding -= 1
             self._finish(delivery, outcome)
@@ -377,12 +391,22 @@ class Worker:
                 outcome = self._process_with_redis_retry(item)
             finally:
                 self._current.pop(name, None)
-            if self._connection is None or item.generation != self._generation:
+            connection = self._connection
+            if connection is None or item.generation != self._generation:
                 continue  # its channel is gone: the broker redelivers it
-            # Hand the outcome to the I/O thread, which is ticking while anything is
-            # outstanding (see _turn): no wake-up needed.
+            # Hand the outcome to the I/O thread. A ticking I/O thread (see _turn) takes it
+            # on its next tick; a waiting one is woken, once per batch (a write to pika's
+            # wake-up socket).
             with self._done_lock:
                 self._completed.append((item, outcome))
+                wake = not self._ticking and not self._wake_scheduled
+                self._wake_scheduled = self._wake_scheduled or wake
+            if wake:
+                try:
+                    connection.add_callback_threadsafe(self._drain_completed)
+                except _AMQP_LOST as exc:
+                    logger.warning("connection gone before %s could be settled: %s",
+                                   item.tag, exc)
 
     def _process_with_redis_retry(self, delivery: Delivery) -> Outcome | None:
         """Process a delivery; while Redis is down, hold it and retry instead of dropping it."""

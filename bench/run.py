@@ -70,6 +70,7 @@ from bench.procstat import Watched, group_cpu_s, proc_cpu_s, wait_all  # noqa: E
 from common import topology  # noqa: E402
 from common.config import KNOBS, load_settings  # noqa: E402
 from common.dedupe import SeenSet  # noqa: E402
+from common.parse import parse_html  # noqa: E402
 from common.producing import Producer  # noqa: E402
 from common.urls import fingerprint  # noqa: E402
 from devtools.services import FleetServices, fleet_services, reset_state  # noqa: E402
@@ -113,6 +114,7 @@ FIGURES: tuple[str, ...] = (
     "priority wait p95",
     "politeness duration / bound",
     "politeness windows over limit",
+    "machine speed: reference parse",
 )
 
 
@@ -405,7 +407,10 @@ def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
     busy_before, wall_before = machine_busy_s(), time.monotonic()
     offset = ctx.server.log_offset()
     worker_env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [
-        str(PROBE_DIR), env.get("PYTHONPATH", "")])), BENCH_PROBE_DIR=str(probe_dir))
+        str(PROBE_DIR), env.get("PYTHONPATH", "")])), BENCH_PROBE_DIR=str(probe_dir),
+        # Shapes parsed for one round trip in 8 at full size; every one on a small farm,
+        # where a sample would be too few to say which shapes happen once per page.
+        BENCH_PROBE_SAMPLE="8" if len(urls) >= 5000 else "1")
     timeout_s = 120 + len(urls) / 20
     workers = [Watched.start([sys.executable, "worker.py", "--idle-exit", "3",
                               "--concurrency", str(sizes.concurrency)],
@@ -857,11 +862,26 @@ def figure_phase(figure: str) -> str:
     """Which phase measures ``figure``."""
     prefixes = (("scrapy-redis", "peer"), ("fleet /", "peer"),
                 ("system CPU per page, scrapy", "peer"), ("producer", "producer"),
-                ("seen-set", "seen"), ("priority", "priority"), ("politeness", "politeness"))
+                ("seen-set", "seen"), ("priority", "priority"), ("politeness", "politeness"),
+                ("machine", "machine"))
     for prefix, phase in prefixes:
         if figure.startswith(prefix):
             return phase
     return "fleet"
+
+
+def reference_parse_us(farm: Farm, calls: int = 300) -> float:
+    """CPU microseconds for one ``parse_html`` of a farm page in this process: a fixed piece
+    of work that tells how fast the (shared) machine is right now. Every per-page CPU figure
+    moves with it; compare runs through it."""
+    page = farm.sites[0]
+    body = (farm.root / f"site{page.index}" / "p" / "1.html").read_bytes()
+    url = page.page_url(1)
+    parse_html(body, url, "text/html; charset=utf-8")
+    started = time.process_time()
+    for _ in range(calls):
+        parse_html(body, url, "text/html; charset=utf-8")
+    return round((time.process_time() - started) / calls * 1e6, 1)
 
 
 def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]:
@@ -928,6 +948,10 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
     over = polite.get("windows_over")
     add("politeness windows over limit", over, "1 s sliding windows", "0",
         "pass" if over == 0 else "FAIL", 0)
+    reference = phases.get("machine", {}).get("reference_parse_us") or []
+    add("machine speed: reference parse", sum(reference) / len(reference) if reference else None,
+        "us, one farm page, before/after " + "/".join(f"{v:.0f}" for v in reference),
+        "", "info", 0)
     return rows
 
 
@@ -999,6 +1023,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"generating {sizes.sites} sites x {sizes.pages} pages in {work}")
         farm = Farm.generate(work / "farm", sites=sizes.sites, pages=sizes.pages)
         log(f"farm: mean page {farm.page_bytes_mean} bytes; starting nginx, RabbitMQ, Redis")
+        reference_us = [reference_parse_us(farm)]
         with NginxFarm(farm) as server, fleet_services() as services:
             ctx = Ctx(args, sizes, work, farm, server, services)
             steps: dict[str, Callable[[Ctx], dict[str, Any]]] = {
@@ -1017,6 +1042,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 phases[name] = steps[name](ctx)
                 phases[name]["phase_s"] = round(time.monotonic() - phase_started, 1)
                 log(f"{name}: done in {phases[name]['phase_s']}s")
+        reference_us.append(reference_parse_us(farm))
+        phases["machine"] = {"reference_parse_us": reference_us}
     finally:
         if args.keep:
             log(f"work dir kept: {work}")

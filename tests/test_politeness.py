@@ -108,8 +108,12 @@ def test_four_worker_processes_share_one_limit_per_site_as_measured_by_the_sites
     # priority (nice 10) than the sites: the sites' log records arrivals.
     gc.collect()
     gc.disable()
+    # The guard is pinned at the 3% these margins were measured with (the default became 2%
+    # on 2026-11-22, checked by the bench's politeness phase): here it also absorbs the
+    # in-process site log's lateness.
     procs = [start_worker_process(settings, "--idle-exit", "3", "--concurrency", "4",
-                                  env={"RATE_LIMIT": "2/second", "WORKER_ID": f"w{i}"},
+                                  env={"RATE_LIMIT": "2/second", "RATE_LIMIT_GUARD": "0.03",
+                                       "WORKER_ID": f"w{i}"},
                                   preexec_fn=_lower_priority)
              for i in range(4)]
     try:

@@ -202,14 +202,22 @@ def csv_row(entry_id: str, record: dict[str, Any]) -> list[str]:
     return row
 
 
+#: A spreadsheet reads a cell starting with one of these as a formula (CSV injection): a page
+#: titled '=HYPERLINK(...)' must not become a live link in the operator's spreadsheet.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, dict | list):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    return str(value)
+    if isinstance(value, int | float):
+        return str(value)
+    text = (json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            if isinstance(value, dict | list) else str(value))
+    # OWASP's advice: a leading apostrophe makes spreadsheets show the text as typed.
+    return "'" + text if text.startswith(_FORMULA_STARTS) else text
 
 
 class Exporter:

@@ -111,6 +111,22 @@ def test_csv_escapes_commas_quotes_and_newlines_so_the_csv_module_reads_them_bac
     assert rows[0]["title"] == TRICKY_TITLE and rows[0]["error"] == "x,y"
 
 
+@pytest.mark.parametrize("title", ['=HYPERLINK("http://127.0.0.1:9/","click")', "+1+1",
+                                   "-2+3", "@SUM(A1)", "\tindent", "\rreturn"])
+def test_a_text_that_a_spreadsheet_would_run_as_a_formula_is_defused(title):
+    row = dict(zip(CSV_COLUMNS, csv_row("1-0", page(1, title=title, status=-1)), strict=True))
+    assert row["title"] == "'" + title
+    assert row["status"] == "-1"  # numbers are numbers, whatever their sign
+
+
+def test_ordinary_text_and_json_lines_are_written_as_they_are():
+    row = dict(zip(CSV_COLUMNS, csv_row("1-0", page(1, title="Page - one = 1")), strict=True))
+    assert row["title"] == "Page - one = 1"
+    out = io.StringIO()
+    Exporter(out, "jsonl").write_all([("1-0", page(1, title="=1+1"))])
+    assert json.loads(out.getvalue())["title"] == "=1+1"
+
+
 def test_an_empty_csv_export_still_has_its_header_and_an_empty_jsonl_export_is_empty():
     out = io.StringIO()
     Exporter(out, "csv")

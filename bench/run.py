@@ -388,6 +388,17 @@ def _short(frame: str) -> str:
 
 # -- phases ---------------------------------------------------------------------------------------
 
+def logged_crawl(ctx: Ctx, offset: int, user_agent: str,
+                 phase: str) -> tuple[list[LogLine], list[LogLine], float]:
+    """nginx's log since ``offset``, its page lines for ``user_agent``, and the time of the
+    first page request (crawler CPU is counted from then on: start-up left out)."""
+    lines = ctx.server.read_log(offset)
+    pages = page_lines(lines, user_agent)
+    if not pages:
+        raise RuntimeError(f"{phase} phase: nginx logged no page request; see {ctx.work}")
+    return lines, pages, first_request_s(pages)
+
+
 def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
     """Seed ``urls``, then let N workers with every feature on drain them."""
     sizes = ctx.sizes
@@ -428,11 +439,7 @@ def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
     client.close()
     depths = queue_depths(ctx.services, [*topology.WORK_QUEUES, topology.FAILED_QUEUE])
 
-    lines = ctx.server.read_log(offset)
-    pages = page_lines(lines, FLEET_UA)
-    if not pages:
-        raise RuntimeError(f"fleet phase: nginx logged no page request; see {ctx.work}")
-    first = first_request_s(pages)
+    lines, pages, first = logged_crawl(ctx, offset, FLEET_UA, "fleet")
     worker_cpu_s = sum((w.cpu_s or 0.0) - w.cpu_at(first) for w in workers)
     probes = [json.loads(p.read_text()) for p in probe_dir.glob("*.json")]
     round_trips = sum(probe["round_trips"] for probe in probes)
@@ -515,11 +522,7 @@ def phase_peer(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
     items = int(client.llen("peer:items"))
     left = int(client.llen(PEER_KEY))
     client.close()
-    lines = ctx.server.read_log(offset)
-    pages = page_lines(lines, PEER_UA)
-    if not pages:
-        raise RuntimeError(f"peer phase: nginx logged no page request; see {ctx.work}")
-    first = first_request_s(pages)
+    lines, pages, first = logged_crawl(ctx, offset, PEER_UA, "peer")
     spider_cpu_s = sum((s.cpu_s or 0.0) - s.cpu_at(first) for s in spiders)
     system = cpu_delta(cpu_before, cpu_after)
     system["spiders"] = round(sum(s.cpu_s or 0.0 for s in spiders), 3)

@@ -217,7 +217,8 @@ class Processor:
                 logger.warning("%s", exc)
             else:
                 metrics.CACHE_HITS.inc()
-                return self._record(url, message, queue, response, cached=True, rules=rules)
+                return self._record(url, message, queue, response, done, cached=True,
+                                    rules=rules)
         if not admission.go:
             self._rate_limited()
             booked_message = replace(message, extra={**message.extra,
@@ -242,7 +243,7 @@ class Processor:
         retime = (admission.permit, response.sent_at)
         verdict = classify_status(response.status)
         if verdict == OK:
-            return self._record(url, message, queue, response, cached=False, rules=rules,
+            return self._record(url, message, queue, response, done, cached=False, rules=rules,
                                 retime=retime)
         failure = _Failure(f"http_{response.status}", status=response.status,
                            retry_after=response.headers.get("retry-after"))
@@ -251,14 +252,15 @@ class Processor:
         return self._failed(url, message, queue, failure, retime=retime)
 
     def _record(self, url: str, message: WorkMessage, queue: str, response: FetchResult,
-                *, cached: bool, rules: RobotsRules | None = None,
+                done: tuple[str, int], *, cached: bool, rules: RobotsRules | None = None,
                 retime: Retime | None = None) -> Outcome:
+        """``done`` is the URL's done mark, as computed for the admit call."""
         with self._parse_slots:
-            return self._parse_and_record(url, message, queue, response, cached=cached,
+            return self._parse_and_record(url, message, queue, response, done, cached=cached,
                                           rules=rules, retime=retime)
 
     def _parse_and_record(self, url: str, message: WorkMessage, queue: str,
-                          response: FetchResult, *, cached: bool,
+                          response: FetchResult, done: tuple[str, int], *, cached: bool,
                           rules: RobotsRules | None, retime: Retime | None) -> Outcome:
         record: dict[str, Any] = {
             "url": url, "fetched_at": round(time.time(), 3), "worker": self.settings.worker_id,
@@ -288,7 +290,7 @@ class Processor:
         counters = {"cache_hits": 1} if cached else (
             {"cache_misses": 1} if self.settings.cache_ttl_s > 0 else {})
         self.results.record(record, cache=cache_value, counters=counters,
-                            clear_failures=message.attempts > 0, done=self._done_mark(url, message),
+                            clear_failures=message.attempts > 0, done=done,
                             retime=retime)
         return Outcome("result", url, detail=f"status {response.status}"
                        + (" (cached)" if cached else ""))

@@ -22,7 +22,7 @@ import redis
 from common.config import Settings, load_settings
 from devtools.services import FleetServices, fleet_services, reset_state
 from devtools.testsite import TestSite
-from tests.helpers import REPO_ROOT, TEST_ENV
+from tests.helpers import REPO_ROOT, TEST_ENV, own_channel
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -79,12 +79,8 @@ def redis_client(settings: Settings) -> Iterator[redis.Redis]:
 @pytest.fixture
 def amqp_channel(settings: Settings) -> Iterator[pika.adapters.blocking_connection.BlockingChannel]:
     """A channel on a fresh BlockingConnection, closed after the test."""
-    connection = pika.BlockingConnection(pika.URLParameters(settings.rabbitmq_url))
-    try:
-        yield connection.channel()
-    finally:
-        if connection.is_open:
-            connection.close()
+    with own_channel(settings) as channel:
+        yield channel
 
 
 @pytest.fixture(scope="session")

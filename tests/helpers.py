@@ -10,7 +10,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +168,15 @@ def compose_config(tmp_path: Path, variables: dict[str, str],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
         stdin=subprocess.DEVNULL,
     )
+
+
+@contextmanager
+def own_channel(settings: Settings) -> Iterator[Any]:
+    """A channel on a BlockingConnection of its own (opened now, so after any broker
+    restart), closed on exit."""
+    connection = pika.BlockingConnection(pika.URLParameters(settings.rabbitmq_url))
+    try:
+        yield connection.channel()
+    finally:
+        if connection.is_open:
+            connection.close()

@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-import pika
 import pytest
 import redis
 
@@ -35,6 +34,7 @@ from tests.helpers import (
     TEST_ENV,
     drain,
     output_of,
+    own_channel,
     publish_raw,
     queue_depth,
     results,
@@ -93,15 +93,14 @@ def _broker_down(broker: LocalRabbitMQ) -> Iterator[None]:
         broker.start_app()
 
 
-@contextmanager
-def _channel(settings: Settings) -> Iterator[Any]:
-    """A channel on a connection of its own (opened after any broker restart)."""
-    connection = pika.BlockingConnection(pika.URLParameters(settings.rabbitmq_url))
+def _finish_with_a_new_worker(settings: Settings, concurrency: int) -> None:
+    """Run a fresh worker until the queues are idle; it must exit 0."""
+    finisher = start_worker_process(settings, "--concurrency", str(concurrency),
+                                    "--idle-exit", "2")
     try:
-        yield connection.channel()
+        assert finisher.wait(timeout=60) == 0, output_of(finisher)[-3000:]
     finally:
-        if connection.is_open:
-            connection.close()
+        _stop(finisher)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -134,12 +133,7 @@ def test_kill_9_mid_crawl_loses_nothing_and_refetches_at_most_what_was_in_flight
     in_flight = asked - recorded
     assert 0 < len(in_flight) <= concurrency
 
-    finisher = start_worker_process(settings, "--concurrency", str(concurrency),
-                                    "--idle-exit", "2")
-    try:
-        assert finisher.wait(timeout=60) == 0, output_of(finisher)[-3000:]
-    finally:
-        _stop(finisher)
+    _finish_with_a_new_worker(settings, concurrency)
 
     per_url = _per_url(redis_client)
     assert set(per_url) == set(urls)
@@ -176,7 +170,7 @@ def test_a_broker_restart_mid_crawl_is_survived_and_every_url_gets_one_result(
     per_url = _per_url(redis_client)
     assert set(per_url) == set(urls)
     assert max(per_url.values()) == 1, [u for u, n in per_url.items() if n > 1]
-    with _channel(settings) as channel:
+    with own_channel(settings) as channel:
         assert _left_in_queues(channel) == {}
 
 
@@ -259,11 +253,7 @@ def test_a_second_sigterm_exits_at_once_and_the_in_flight_work_is_redelivered(
     assert "second stop signal" in output_of(worker)
     assert not set(slow_urls) & set(_per_url(redis_client))  # they were still running
 
-    finisher = start_worker_process(settings, "--concurrency", "4", "--idle-exit", "2")
-    try:
-        assert finisher.wait(timeout=60) == 0, output_of(finisher)[-3000:]
-    finally:
-        _stop(finisher)
+    _finish_with_a_new_worker(settings, 4)
     per_url = _per_url(redis_client)
     assert set(per_url) == set(urls)
     assert max(per_url.values()) == 1
@@ -403,7 +393,7 @@ def test_producer_survives_a_broker_restart_and_leaves_no_unpublished_url_marked
                                 stderr=stderr, text=True)
     try:
         _write_lines(producer.stdin, urls[:5000])
-        with _channel(settings) as channel:
+        with own_channel(settings) as channel:
             assert wait_for(lambda: queue_depth(channel, topology.NORMAL_QUEUE) == 5000, 30)
         with _broker_down(broker):
             _write_lines(producer.stdin, urls[5000:5000 + batch])
@@ -422,7 +412,7 @@ def test_producer_survives_a_broker_restart_and_leaves_no_unpublished_url_marked
     # Every URL is accounted for: published (new) or reported failed and released.
     assert summary["new"] + summary["failed"] == len(urls), (summary, log[-3000:])
 
-    with _channel(settings) as channel:
+    with own_channel(settings) as channel:
         first = _drain_urls(channel)
         # Every URL reported new is in the queue once (nothing was in flight at the drop).
         assert len(first) == len(set(first)) == summary["new"]

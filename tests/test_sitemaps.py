@@ -46,25 +46,23 @@ def sitemap_site() -> Iterator[TestSite]:
         yield site
 
 
-def urlset(*entries: str | tuple[str, str]) -> bytes:
-    """<urlset>; an entry is a URL or (URL, lastmod)."""
+def _sitemap_xml(root: str, item: str, entries: tuple[str | tuple[str, str], ...]) -> bytes:
+    """``<root>`` holding one ``<item>`` per entry; an entry is a URL or (URL, lastmod)."""
     items = []
     for entry in entries:
         url, lastmod = (entry, None) if isinstance(entry, str) else entry
         date = f"<lastmod>{lastmod}</lastmod>" if lastmod else ""
-        items.append(f"<url><loc>{url}</loc>{date}</url>")
-    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<urlset xmlns="{NS}">\n'
-            + "\n".join(items) + "\n</urlset>\n").encode()
+        items.append(f"<{item}><loc>{url}</loc>{date}</{item}>")
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="{NS}">\n'
+            + "\n".join(items) + f"\n</{root}>\n").encode()
+
+
+def urlset(*entries: str | tuple[str, str]) -> bytes:
+    return _sitemap_xml("urlset", "url", entries)
 
 
 def index(*children: str | tuple[str, str]) -> bytes:
-    items = []
-    for child in children:
-        url, lastmod = (child, None) if isinstance(child, str) else child
-        date = f"<lastmod>{lastmod}</lastmod>" if lastmod else ""
-        items.append(f"<sitemap><loc>{url}</loc>{date}</sitemap>")
-    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<sitemapindex xmlns="{NS}">\n'
-            + "\n".join(items) + "\n</sitemapindex>\n").encode()
+    return _sitemap_xml("sitemapindex", "sitemap", children)
 
 
 def serve(site: TestSite, path: str, body: bytes, content_type: str = "application/xml",

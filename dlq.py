@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from common import cli, dlq
-from common.config import Settings
-from common.connections import connect_rabbitmq, connect_redis
+from common.broker.connection import connect_rabbitmq
+from common.core.config import Settings
+from common.ops import cli, dlq
+from common.store.connection import connect_redis
 
 
 def parse_args() -> argparse.Namespace:

@@ -8,7 +8,7 @@
     python export.py --follow                         # then wait for new records until stopped
 
 JSON Lines: the stored record with its stream id as ``id``. CSV columns: see
-common/export.py CSV_COLUMNS. Reads in batches (constant memory); logs a summary line with the
+common/ops/export.py CSV_COLUMNS. Reads in batches (constant memory); logs a summary line with the
 last id on stderr. Exits 0 when done (--follow: also when stopped with Ctrl-C or SIGTERM),
 2 on bad arguments, 3 when Redis cannot be reached, 130 when an export without --follow is
 interrupted.
@@ -26,11 +26,11 @@ from itertools import islice
 from pathlib import Path
 from typing import TextIO
 
-from common import cli
-from common.config import Settings
-from common.connections import connect_redis
-from common.export import FORMATS, Exporter, parse_stream_id, read_entries, since_to_stream_id
-from common.results import ResultStore
+from common.core.config import Settings
+from common.ops import cli
+from common.ops.export import FORMATS, Exporter, parse_stream_id, read_entries, since_to_stream_id
+from common.store.connection import connect_redis
+from common.store.results import ResultStore
 
 logger = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ import re
 import sys
 from collections.abc import Iterator
 
-from common import cli
-from common.config import Settings
-from common.connections import connect_redis
-from common.producing import Producer
-from common.progress import Progress
+from common.core.config import Settings
+from common.intake.producer import Producer
+from common.ops import cli
+from common.ops.progress import Progress
+from common.store.connection import connect_redis
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -5,11 +5,11 @@
     python sitemap_producer.py https://site.example/news.xml.gz # a sitemap or feed directly
     python sitemap_producer.py SITE [SITE ...] --since 2024-05-01 --max-urls 10000 --priority
 
-URLs go through the same path as producer.py (common.producing.Producer). Prints one summary
+URLs go through the same path as producer.py (common.intake.producer.Producer). Prints one summary
 line per site (``site=… sitemaps=N errors=N filtered=N read=… new=…``); progress on stderr
-while it runs (common.progress: a bar on a terminal, a line every few seconds otherwise). Exits 0 when everything was read and published, 1 when some sitemap failed or
+while it runs (common.ops.progress: a bar on a terminal, a line every few seconds otherwise). Exits 0 when everything was read and published, 1 when some sitemap failed or
 some URL could not be published, 2 on bad arguments or settings, 3 when RabbitMQ or Redis
-cannot be reached. common/sitemaps.py has the rules (formats, limits, --since).
+cannot be reached. common/intake/sitemaps.py has the rules (formats, limits, --since).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import json
 from collections.abc import Callable
 from datetime import datetime
 
-from common import cli
-from common.config import Settings
-from common.connections import connect_redis
-from common.errors import InvalidURL
-from common.producing import Producer, ProduceSummary
-from common.progress import Progress
-from common.sitemaps import SitemapReader, SiteReport, parse_since, produce_site
-from common.urls import canonicalize
+from common.core.config import Settings
+from common.core.errors import InvalidURL
+from common.core.urls import canonicalize
+from common.intake.producer import Producer, ProduceSummary
+from common.intake.sitemaps import SitemapReader, SiteReport, parse_since, produce_site
+from common.ops import cli
+from common.ops.progress import Progress
+from common.store.connection import connect_redis
 
 
 def _since(raw: str) -> datetime:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from common import cli, stats
-from common.config import Settings
-from common.connections import connect_rabbitmq, connect_redis
+from common.broker.connection import connect_rabbitmq
+from common.core.config import Settings
+from common.ops import cli, stats
+from common.store.connection import connect_redis
 
 
 def main(settings: Settings) -> int:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 
-from common import cli
-from common.config import Settings
-from common.connections import connect_redis
-from common.processing import Processor
-from common.worker import Worker
+from common.core.config import Settings
+from common.ops import cli
+from common.store.connection import connect_redis
+from common.work.processor import Processor
+from common.work.worker import Worker
 
 
 def parse_args(settings: Settings) -> Settings:

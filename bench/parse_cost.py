@@ -1,4 +1,4 @@
-"""Measure the cost of :func:`common.parse.parse_html` on a typical page.
+"""Measure the cost of :func:`common.work.parse.parse_html` on a typical page.
 
 Builds a ~30 KB UTF-8 page with ~100 links (absolute, root-relative, dot-relative,
 protocol-relative, fragments, mailto:/javascript:, duplicates) plus inline script and style,
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bs4 import BeautifulSoup  # noqa: E402
 
-from common.parse import parse_html  # noqa: E402
+from common.work.parse import parse_html  # noqa: E402
 
 BASE_URL = "https://example.com/articles/2024/some-page.html?ref=home"
 CONTENT_TYPE = "text/html; charset=utf-8"

@@ -67,12 +67,12 @@ from bench.figures import (  # noqa: E402
     windows_over_limit,
 )
 from bench.procstat import Watched, group_cpu_s, proc_cpu_s, wait_all  # noqa: E402
-from common import topology  # noqa: E402
-from common.config import KNOBS, load_settings  # noqa: E402
-from common.dedupe import SeenSet  # noqa: E402
-from common.parse import parse_html  # noqa: E402
-from common.producing import Producer  # noqa: E402
-from common.urls import fingerprint  # noqa: E402
+from common.broker import topology  # noqa: E402
+from common.core.config import KNOBS, load_settings  # noqa: E402
+from common.core.urls import fingerprint  # noqa: E402
+from common.intake.producer import Producer  # noqa: E402
+from common.store.dedupe import SeenSet  # noqa: E402
+from common.work.parse import parse_html  # noqa: E402
 from devtools.services import FleetServices, fleet_services, reset_state  # noqa: E402
 from devtools.testsite import start_sites  # noqa: E402
 
@@ -375,7 +375,7 @@ def summarise_profile(paths: Sequence[Path], top: int = 15) -> dict[str, Any]:
 
 
 def _short(frame: str) -> str:
-    """'parse_html (common/parse.py:123)' -> 'parse_html (common/parse.py)'."""
+    """'parse_html (common/work/parse.py:123)' -> 'parse_html (common/work/parse.py)'."""
     name, _, where = frame.partition(" (")
     where = where.rstrip(")")
     path = where.rsplit(":", 1)[0]

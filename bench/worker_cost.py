@@ -4,7 +4,7 @@
                                           [--env KEY=VALUE ...]
 
 Starts RabbitMQ and Redis (devtools.services), an nginx farm on loopback (bench/farm.py),
-seeds the farm's URLs and runs one :class:`common.worker.Worker` in this process until it is
+seeds the farm's URLs and runs one :class:`common.work.worker.Worker` in this process until it is
 idle, then prints per page: CPU (user + system), voluntary and involuntary context switches,
 and the wall time. In-process, so `getrusage` sees only the worker (RabbitMQ, Redis and nginx
 are child processes and are not counted). The full bench (bench/run.sh) compares the fleet
@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis  # noqa: E402
 
 from bench.farm import Farm, NginxFarm  # noqa: E402
-from common.config import load_settings  # noqa: E402
-from common.processing import Processor  # noqa: E402
-from common.producing import Producer  # noqa: E402
-from common.worker import Worker  # noqa: E402
+from common.core.config import load_settings  # noqa: E402
+from common.intake.producer import Producer  # noqa: E402
+from common.work.processor import Processor  # noqa: E402
+from common.work.worker import Worker  # noqa: E402
 from devtools.services import fleet_services  # noqa: E402
 
 

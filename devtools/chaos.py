@@ -39,9 +39,9 @@ import pika
 import pika.exceptions
 import redis
 
-from common import topology
-from common.dlq import browse
-from common.urls import canonicalize
+from common.broker import topology
+from common.core.urls import canonicalize
+from common.ops.dlq import browse
 from devtools.services import LocalRabbitMQ, LocalRedis
 from devtools.testsite import TestSite, start_sites
 

@@ -716,7 +716,7 @@ def reset_state(rabbitmq_url: str, redis_url: str, *, all_databases: bool = Fals
     import pika
     import redis
 
-    from common import topology
+    from common.broker import topology
 
     client = redis.Redis.from_url(redis_url)
     try:

@@ -19,7 +19,7 @@ import pika
 import pytest
 import redis
 
-from common.config import Settings, load_settings
+from common.core.config import Settings, load_settings
 from devtools.services import FleetServices, fleet_services, reset_state
 from devtools.testsite import TestSite
 from tests.helpers import REPO_ROOT, TEST_ENV, own_channel

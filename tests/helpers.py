@@ -18,9 +18,9 @@ from typing import Any
 import pika
 import redis
 
-from common.config import Settings
-from common.processing import Processor
-from common.worker import Worker
+from common.core.config import Settings
+from common.work.processor import Processor
+from common.work.worker import Worker
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ import redis
 import requests
 from lxml import html as lxml_html
 
-from common import topology
+from common.broker import topology
 from devtools import services as services_module
 from devtools.services import (
     FleetServices,

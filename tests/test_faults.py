@@ -23,11 +23,11 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from common import topology
-from common.config import Settings
-from common.messages import WorkMessage
-from common.producing import Producer
-from common.urls import canonicalize
+from common.broker import topology
+from common.broker.messages import WorkMessage
+from common.core.config import Settings
+from common.core.urls import canonicalize
+from common.intake.producer import Producer
 from devtools.services import FleetServices, LocalRabbitMQ, LocalRedis
 from tests.helpers import (
     REPO_ROOT,

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from prometheus_client.metrics_core import Metric
 
-from common import metrics
+from common.work import metrics
 from tests.helpers import compose_config, env_example
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +69,7 @@ def test_every_metric_in_the_dashboard_is_one_the_workers_export(dashboard):
     served = _sample_names()
     used = {name for expr in _expressions(dashboard) for name in METRIC_NAME.findall(expr)}
     assert used, "no fleet_ metric found in the dashboard"
-    assert used - set(served) == set(), "unknown metrics (not in common.metrics.EXPORTED)"
+    assert used - set(served) == set(), "unknown metrics (not in common.work.metrics.EXPORTED)"
 
 
 def test_every_exported_metric_has_a_place_on_the_dashboard(dashboard):

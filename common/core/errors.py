@@ -1,0 +1,86 @@
+"""Error classes, in one place.
+
+Library exceptions (pika, redis, pycurl) are translated at the boundary into these, with
+``raise X(...) from None`` where the original adds nothing. Each class says what the caller
+should do with it: fail fast at start, retry later, or dead-letter at once. The library
+exceptions that mean "the service is gone for now" are named here once, as tuples.
+"""
+
+from __future__ import annotations
+
+import pika.exceptions
+import redis
+
+
+class FleetError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class ConfigError(FleetError):
+    """A setting is missing or malformed. Raised at start-up; the message names the variable."""
+
+
+class ServiceUnavailable(FleetError):
+    """RabbitMQ or Redis cannot be reached after retrying with backoff."""
+
+
+class PublishError(FleetError):
+    """A publish was nacked, returned as unroutable, or its channel closed before the confirm."""
+
+
+class InvalidURL(FleetError):
+    """A URL that can never be fetched: bad scheme, no host, too long, unparsable."""
+
+    reason = "invalid_url"
+
+
+class BadMessage(FleetError):
+    """A queue message that is not a JSON object with a string ``url`` (a poison message)."""
+
+    reason = "bad_message"
+
+
+class FetchError(FleetError):
+    """A fetch that failed before any HTTP status was received (timeouts, connection errors)."""
+
+    def __init__(self, message: str, *, kind: str, sent_at: float | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.sent_at = sent_at  # when the request left, if it did
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying later: the network or the server may recover."""
+        return self.kind in TRANSIENT_FETCH_KINDS
+
+
+# -- the services going away: reconnect (broker) or hold the work and retry (Redis) -----------
+
+#: The broker connection or channel is gone: reconnect; the broker redelivers what was unacked.
+AMQP_CONNECTION_LOST: tuple[type[BaseException], ...] = (
+    pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError,
+    pika.exceptions.StreamLostError, pika.exceptions.ConnectionWrongStateError)
+
+#: Redis cannot answer right now (down, loading, a read-only replica after a failover).
+REDIS_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.ReadOnlyError)
+
+
+# -- classification: what happens to a URL after each kind of failure -------------------------
+
+#: FetchError kinds that are retried with backoff; every other kind dead-letters at once.
+TRANSIENT_FETCH_KINDS = frozenset({"timeout", "connection"})
+
+OK = "ok"
+PERMANENT = "permanent"
+TRANSIENT = "transient"
+
+
+def classify_status(status: int) -> str:
+    """``ok`` (record the result), ``transient`` (retry with backoff: 408, 429, 5xx) or
+    ``permanent`` (dead-letter at once, no retry: 404, 410 and every other 4xx)."""
+    if status in (408, 429) or status >= 500:
+        return TRANSIENT
+    if status >= 400:
+        return PERMANENT
+    return OK

@@ -1,0 +1,127 @@
+"""Parsers of setting values: each turns one environment string into a typed value, or raises
+``ValueError`` with a message that :func:`common.core.config.load_settings` puts after the
+variable's name."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def boolean(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"expected true/false, got {raw!r}")
+
+
+def positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError(f"must be > 0, got {value}")
+    return value
+
+
+def non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def port(raw: str) -> int:
+    value = int(raw)
+    if not 0 < value < 65536:
+        raise ValueError(f"not a TCP port: {value}")
+    return value
+
+
+def text(raw: str) -> str:
+    return raw
+
+
+def log_level(raw: str) -> str:
+    value = raw.strip().upper()
+    if value not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+        raise ValueError(f"unknown log level {raw!r}")
+    return value
+
+
+def log_format(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in {"text", "json"}:
+        raise ValueError(f"expected text or json, got {raw!r}")
+    return value
+
+
+def power_of_two(raw: str) -> int:
+    value = int(raw)
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"must be a power of two, got {value}")
+    return value
+
+
+def rate(raw: str) -> tuple[int, int]:
+    """A rate in the `limits` notation ("60/minute", "2/second") as (amount, window_ms)."""
+    import limits  # local: only this parser needs it
+
+    item = limits.parse(raw)
+    return item.amount, item.get_expiry() * 1000
+
+
+def rate_overrides(raw: str) -> tuple[tuple[str, tuple[int, int]], ...]:
+    """``host=rate,host=rate`` → ((host, (amount, window_ms)), ...)."""
+    pairs = []
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        host, sep, amount = part.partition("=")
+        if not sep or not host.strip():
+            raise ValueError(f"expected host=rate, got {part!r}")
+        pairs.append((host.strip().lower(), rate(amount.strip())))
+    return tuple(pairs)
+
+
+def fraction(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value < 1:
+        raise ValueError(f"must be in [0, 1), got {value}")
+    return value
+
+
+def parse_networks(raw: str) -> tuple[IPNetwork, ...]:
+    """``"127.0.0.0/8, ::1/128"`` → networks. Raises ValueError naming the bad entry."""
+    networks = []
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        try:
+            networks.append(ipaddress.ip_network(part, strict=False))
+        except ValueError as exc:
+            raise ValueError(f"not a CIDR network: {part!r} ({exc})") from None
+    return tuple(networks)
+
+
+def url_with_scheme(*schemes: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        parts = urlsplit(raw)
+        if parts.scheme not in schemes or not parts.hostname:
+            raise ValueError(f"expected a {'/'.join(schemes)} URL with a host, got {raw!r}")
+        return raw
+
+    return parse

@@ -1,0 +1,95 @@
+"""Crawl mode: workers feed the links they extract back through the producer path.
+
+Like scrapy-redis's RedisCrawlSpider, but every link goes through the fleet's one
+canonicalise → dedupe → route → confirmed publish path (:class:`common.intake.producer.Producer`),
+so a page reached by many links is fetched once. Rules:
+
+* only links whose host is the page's own host (default) or in CRAWL_ALLOWED_DOMAINS
+  (a domain also covers its subdomains);
+* depth: a seed has depth 0; links of a page at depth d get d + 1 and are followed only while
+  d + 1 <= CRAWL_MAX_DEPTH;
+* a budget of CRAWL_MAX_PAGES_PER_DOMAIN enqueued pages per domain, counted atomically in
+  Redis (``crawl:pages:{domain}``) after dedupe, so only new URLs spend it;
+* links the page's own robots.txt disallows are not enqueued at all.
+
+Links are published *before* the page's result is recorded: if the worker dies in between, the
+redelivered page extracts them again and dedupe drops the repeats. Each fetch thread owns its
+own Producer (AMQP connection), created on first use.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+
+import redis
+
+from common.core.config import Settings
+from common.core.urls import domain_of
+from common.intake.producer import Producer, ProduceSummary
+from common.store.keys import crawl_pages_key
+from common.web.robots import RobotsRules
+
+# KEYS[1] crawl:pages:{domain}   ARGV[1] wanted   ARGV[2] budget
+# Spends up to ``wanted`` pages of the domain's budget; returns how many were granted.
+SPEND_LUA = """
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+local left = tonumber(ARGV[2]) - used
+if left <= 0 then return 0 end
+local grant = math.min(left, tonumber(ARGV[1]))
+redis.call('INCRBY', KEYS[1], grant)
+return grant
+"""
+
+
+class LinkFollower:
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.client = client
+        self.allowed = tuple(d.strip().lower() for d in settings.crawl_allowed_domains.split(",")
+                             if d.strip())
+        self._spend = client.register_script(SPEND_LUA)
+        self._local = threading.local()
+
+    def _producer(self) -> Producer:
+        producer = getattr(self._local, "producer", None)
+        if producer is None:
+            producer = Producer(self.settings, self.client)
+            self._local.producer = producer
+        return producer
+
+    def close(self) -> None:
+        producer = getattr(self._local, "producer", None)
+        if producer is not None:
+            producer.close()
+
+    def in_scope(self, page_url: str, link: str) -> bool:
+        host = domain_of(link)
+        if not self.allowed:
+            return host == domain_of(page_url)
+        return any(host == d or host.endswith("." + d) for d in self.allowed)
+
+    def follow(self, page_url: str, links: Sequence[str], depth: int,
+               rules: RobotsRules | None) -> ProduceSummary | None:
+        """Enqueue the in-scope links of a page at ``depth``; None when nothing to follow."""
+        if depth + 1 > self.settings.crawl_max_depth:
+            return None
+        chosen = [link for link in links if self.in_scope(page_url, link)
+                  and (rules is None or domain_of(link) != domain_of(page_url)
+                       or rules.allows(link))]
+        if not chosen:
+            return None
+        return self._producer().submit(chosen, depth=depth + 1, keep=self._within_budget)
+
+    def _within_budget(self, urls: list[str]) -> list[bool]:
+        by_domain: dict[str, list[int]] = defaultdict(list)
+        for index, url in enumerate(urls):
+            by_domain[domain_of(url)].append(index)
+        verdicts = [False] * len(urls)
+        for domain, indexes in by_domain.items():
+            granted = int(self._spend(keys=[crawl_pages_key(domain)],
+                                      args=[len(indexes), self.settings.crawl_max_pages]))
+            for index in indexes[:granted]:
+                verdicts[index] = True
+        return verdicts

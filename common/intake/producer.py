@@ -1,0 +1,252 @@
+"""The one path every URL takes into the fleet: canonicalise → dedupe → route → confirmed publish.
+
+``producer.py``, ``sitemap_producer.py`` and crawl mode all go through :class:`Producer`.
+
+Per batch of ``PRODUCER_BATCH`` URLs: one Redis pipeline marks the fingerprints as seen (SADD
+answers "new or not" for each), the new URLs are published persistently without waiting on
+each confirm, then the batch's confirms are awaited together. A URL whose publish is not
+confirmed (nack, unroutable, channel lost) is removed from the seen-set again, so it is never
+silently blocked; the batch's failed part is retried on a fresh connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+import pika.exceptions
+import redis
+
+from common.broker import topology
+from common.broker.connection import connect_rabbitmq
+from common.broker.deadletter import DLQ_EXCHANGE, DLQ_ROUTING_KEY, dead_letter_headers
+from common.broker.messages import WorkMessage
+from common.broker.publisher import ConfirmingPublisher
+from common.core.backoff import reconnect_delay_s
+from common.core.config import Settings
+from common.core.errors import AMQP_CONNECTION_LOST, InvalidURL, ServiceUnavailable
+from common.core.urls import Fingerprint, canonicalize, fingerprint
+from common.intake.routing import Router
+from common.store.dedupe import SeenSet
+from common.store.keys import COUNTERS
+
+logger = logging.getLogger(__name__)
+
+#: Filter applied after dedupe: canonical URLs in, one keep/drop verdict each out.
+Keep = Callable[[list[str]], list[bool]]
+
+PUBLISH_ATTEMPTS = 3
+
+
+@dataclass
+class ProduceSummary:
+    read: int = 0
+    new: int = 0
+    duplicate: int = 0
+    invalid: int = 0
+    failed: int = 0
+    over_budget: int = 0
+    per_queue: Counter[str] = field(default_factory=Counter)
+
+    def merge(self, other: ProduceSummary) -> None:
+        self.read += other.read
+        self.new += other.new
+        self.duplicate += other.duplicate
+        self.invalid += other.invalid
+        self.failed += other.failed
+        self.over_budget += other.over_budget
+        self.per_queue.update(other.per_queue)
+
+    def line(self) -> str:
+        queues = " ".join(f"{q}={self.per_queue.get(q, 0)}" for q in topology.WORK_QUEUES)
+        return (f"read={self.read} new={self.new} duplicate={self.duplicate} "
+                f"invalid={self.invalid} failed={self.failed} {queues}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"read": self.read, "new": self.new, "duplicate": self.duplicate,
+                "invalid": self.invalid, "failed": self.failed, "over_budget": self.over_budget,
+                "per_queue": {q: self.per_queue.get(q, 0) for q in topology.WORK_QUEUES}}
+
+
+@dataclass(frozen=True)
+class _Accepted:
+    url: str
+    fp: Fingerprint
+    queue: str
+    ttl_ms: int | None
+    depth: int
+    nonce: str | None = None
+    released_on_failure: bool = True  # False: it was seen before this batch (a recrawl)
+
+
+def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+class Producer:
+    """Feeds URLs into the queues. Owns one AMQP connection; borrows a Redis client."""
+
+    def __init__(self, settings: Settings, redis_client: redis.Redis,
+                 router: Router | None = None) -> None:
+        self.settings = settings
+        self.seen = SeenSet(redis_client, settings.seen_buckets)
+        self.router = router or Router.from_setting(settings.routing_rules)
+        self._connection: pika.BlockingConnection | None = None
+        self._publisher: ConfirmingPublisher | None = None
+
+    def __enter__(self) -> Producer:
+        self._ensure_publisher()  # fail fast, before anything is marked as seen
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._connection is not None and self._connection.is_open:
+            try:
+                self._connection.close()
+            except AMQP_CONNECTION_LOST as exc:
+                logger.debug("closing a broken AMQP connection: %s", exc)
+        self._connection = None
+        self._publisher = None
+
+    def _ensure_publisher(self) -> ConfirmingPublisher:
+        if self._publisher is None:
+            self._connection = connect_rabbitmq(self.settings)
+            topology.declare(self._connection.channel())
+            self._publisher = ConfirmingPublisher(self._connection)
+        return self._publisher
+
+    def submit(self, raw_urls: Iterable[str], *, force_priority: bool = False,
+               depth: int = 0, keep: Keep | None = None,
+               recrawl: bool = False) -> ProduceSummary:
+        """Send URLs through canonicalise → dedupe → route → publish; return the counts.
+
+        Args:
+            raw_urls: URLs as given.
+            force_priority: route every URL to priority_queue.
+            recrawl: enqueue even URLs seen before (a refresh). Each such message carries a
+                ``nonce`` so its outcome is recorded once, as a new result of its own.
+            depth: crawl depth written into the messages.
+            keep: called with the canonical URLs that passed dedupe; returns one bool each.
+                URLs it rejects (e.g. over a per-domain page budget) are released from the
+                seen-set again and counted as ``over_budget``.
+
+        Raises:
+            ServiceUnavailable: the broker or Redis could not be reached (after backoff).
+        """
+        total = ProduceSummary()
+        for chunk in batched(raw_urls, self.settings.producer_batch):
+            total.merge(self._submit_batch(chunk, force_priority, depth, keep, recrawl))
+        return total
+
+    def _submit_batch(self, raw_urls: list[str], force_priority: bool,
+                      depth: int, keep: Keep | None = None,
+                      recrawl: bool = False) -> ProduceSummary:
+        summary = ProduceSummary(read=len(raw_urls))
+        candidates: list[tuple[str, Fingerprint]] = []
+        invalid: list[tuple[str, str]] = []
+        for raw in raw_urls:
+            try:
+                url = canonicalize(raw, max_length=self.settings.max_url_length)
+            except InvalidURL as exc:
+                invalid.append((raw, str(exc)))
+                continue
+            candidates.append((url, fingerprint(url)))
+
+        try:
+            is_new = self.seen.add_many([fp for _, fp in candidates])
+        except redis.RedisError as exc:
+            raise ServiceUnavailable(f"Redis failed while deduplicating: {exc}") from None
+        accepted: list[_Accepted] = []
+        for (url, fp), new in zip(candidates, is_new, strict=True):
+            if not new and not recrawl:
+                summary.duplicate += 1
+                continue
+            route = self.router.route(url, force_priority=force_priority)
+            accepted.append(_Accepted(url, fp, route.queue, route.ttl_ms, depth,
+                                      uuid.uuid4().hex[:16] if recrawl else None,
+                                      released_on_failure=new))
+        if keep is not None and accepted:
+            verdicts = keep([item.url for item in accepted])
+            rejected = [item for item, ok in zip(accepted, verdicts, strict=True) if not ok]
+            if rejected:
+                self.seen.remove_many([item.fp for item in rejected])
+                summary.over_budget = len(rejected)
+                accepted = [item for item, ok in zip(accepted, verdicts, strict=True) if ok]
+
+        summary.invalid = len(invalid)
+        for raw, reason in invalid:
+            logger.warning("invalid URL %r: %s", raw[:200], reason)
+        try:
+            published, failed = self._publish_with_retries(accepted, invalid)
+        except BaseException:
+            # Nothing of this batch is known to be confirmed: release it all before failing.
+            self.seen.remove_many([item.fp for item in accepted if item.released_on_failure])
+            raise
+        if invalid:
+            # Counted like the workers' dead letters, so the status view sees them too.
+            self.seen.client.hincrby(COUNTERS, f"dead_lettered:{InvalidURL.reason}", len(invalid))
+        summary.new = len(published)
+        summary.failed = len(failed)
+        for item in published:
+            summary.per_queue[item.queue] += 1
+        if failed:
+            self.seen.remove_many([item.fp for item in failed if item.released_on_failure])
+            for item in failed:
+                logger.error("not published, released from the seen-set: %s", item.url)
+        return summary
+
+    def _publish_with_retries(self, accepted: list[_Accepted], invalid: list[tuple[str, str]]
+                              ) -> tuple[list[_Accepted], list[_Accepted]]:
+        published: list[_Accepted] = []
+        todo: list[Any] = [*accepted, *invalid]
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+            publisher = self._ensure_publisher()
+            try:
+                for item in todo:
+                    self._publish_one(publisher, item)
+                confirms = publisher.wait()
+            except AMQP_CONNECTION_LOST as exc:
+                logger.warning("broker connection lost while publishing (attempt %d/%d): %s",
+                               attempt, PUBLISH_ATTEMPTS, exc)
+                confirms = publisher.fail_all(f"connection lost: {type(exc).__name__}")
+                self.close()
+            retry = []
+            for confirm in confirms:
+                if confirm.ok:
+                    if isinstance(confirm.token, _Accepted):
+                        published.append(confirm.token)
+                else:
+                    retry.append(confirm.token)
+            # Items the loop never got to publish (the connection died first) have no confirm
+            # at all: they are retried too, never silently left marked as seen.
+            answered = {id(confirm.token) for confirm in confirms}
+            retry.extend(item for item in todo if id(item) not in answered)
+            if not retry:
+                return published, []
+            reasons = Counter(c.reason for c in confirms if not c.ok)
+            logger.warning("%d publishes not confirmed (%s); retrying", len(retry), dict(reasons))
+            todo = retry
+            time.sleep(reconnect_delay_s(attempt))
+        return published, [t for t in todo if isinstance(t, _Accepted)]
+
+    def _publish_one(self, publisher: ConfirmingPublisher, item: Any) -> None:
+        if isinstance(item, _Accepted):
+            extra = {"nonce": item.nonce} if item.nonce else {}
+            message = WorkMessage(url=item.url, depth=item.depth, fp=item.fp.hex, extra=extra)
+            publisher.publish("", item.queue, message.to_json(), token=item,
+                              expiration_ms=item.ttl_ms)
+            return
+        raw, reason = item
+        body = WorkMessage(url=raw, extra={"error": reason}).to_json()
+        publisher.publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body, token=item,
+                          headers=dead_letter_headers("invalid_url", last_error=reason))

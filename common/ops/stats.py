@@ -1,0 +1,209 @@
+"""The fleet's status: one snapshot dict (for --json) and its renderings (table, live view).
+
+Sources: queue depths by passive declares (always) and, when the management API answers,
+unacked counts and rates per queue; Redis for everything else — counters (stats:counters),
+the results stream (pages/s over the last minute from stream ids, which are ms timestamps),
+the rate-limit logs (requests per domain in the current window), worker heartbeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+import pika
+import redis
+import requests
+from rich.console import Group
+from rich.table import Table
+
+from common.broker import topology
+from common.core.config import Settings
+from common.store.dedupe import SeenSet
+from common.store.keys import COUNTERS, RESULTS_STREAM
+from common.store.results import ResultStore
+from common.web.ratelimit import RateLimiter
+from common.work.heartbeat import alive_workers
+
+logger = logging.getLogger(__name__)
+
+WINDOW_S = 60
+
+
+def _management(settings: Settings) -> tuple[str, tuple[str, str]] | None:
+    """Management API base URL and credentials, derived from the AMQP URL when not set."""
+    amqp = pika.URLParameters(settings.rabbitmq_url)
+    creds = (amqp.credentials.username, amqp.credentials.password)
+    if settings.rabbitmq_management_url:
+        parts = urlsplit(settings.rabbitmq_management_url)
+        if parts.username:
+            creds = (unquote(parts.username), unquote(parts.password or ""))
+        base = f"{parts.scheme}://{parts.hostname}:{parts.port or 15672}"
+        return base, creds
+    return f"http://{amqp.host}:15672", creds
+
+
+def _management_queues(settings: Settings) -> dict[str, dict[str, Any]]:
+    found = _management(settings)
+    if found is None:
+        return {}
+    base, creds = found
+    vhost = quote(pika.URLParameters(settings.rabbitmq_url).virtual_host, safe="")
+    try:
+        response = requests.get(f"{base}/api/queues/{vhost}", auth=creds, timeout=2)
+        response.raise_for_status()
+        return {q["name"]: q for q in response.json()}
+    except (requests.RequestException, ValueError) as exc:
+        logger.debug("management API unavailable (%s); showing ready counts only", exc)
+        return {}
+
+
+def _rate(details: dict[str, Any] | None) -> float:
+    return round(float((details or {}).get("rate", 0.0)), 2)
+
+
+def collect(settings: Settings, connection: pika.BlockingConnection,
+            client: redis.Redis) -> dict[str, Any]:
+    """One snapshot of the fleet, as a JSON-ready dict."""
+    channel = connection.channel()
+    topology.declare(channel)
+    managed = _management_queues(settings)
+    queues: dict[str, dict[str, Any]] = {}
+    delayed = 0
+    for spec in topology.QUEUES:
+        ok = channel.queue_declare(queue=spec.name, passive=True).method
+        if spec.name.startswith("hold."):
+            delayed += ok.message_count
+            continue
+        info = managed.get(spec.name, {})
+        stats = info.get("message_stats", {})
+        queues[spec.name] = {
+            "ready": ok.message_count, "consumers": ok.consumer_count,
+            "unacked": info.get("messages_unacknowledged"),
+            "publish_rate": _rate(stats.get("publish_details")) if info else None,
+            "deliver_rate": _rate(stats.get("deliver_get_details")) if info else None,
+        }
+    channel.close()
+
+    counters = {k.decode(): int(v) for k, v in client.hgetall(COUNTERS).items()}
+    hits, misses = counters.get("cache_hits", 0), counters.get("cache_misses", 0)
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    recent = client.xrange(RESULTS_STREAM, min=str(now_ms - WINDOW_S * 1000), max="+",
+                           count=1_000_000)
+    return {
+        "queues": queues,
+        "delayed": delayed,
+        "dead_lettered": queues[topology.FAILED_QUEUE]["ready"],
+        "dead_lettered_by_reason": {k.split(":", 1)[1]: v for k, v in counters.items()
+                                    if k.startswith("dead_lettered:")},
+        "expired": counters.get("expired", 0),
+        "expired_waiting": queues[topology.EXPIRED_QUEUE]["ready"],
+        "seen": SeenSet(client, settings.seen_buckets).count(),
+        "results": ResultStore(client, settings.results_maxlen).count(),
+        "pages_per_s_last_minute": round(len(recent) / WINDOW_S, 2),
+        "cache": {"hits": hits, "misses": misses,
+                  "hit_ratio": round(hits / (hits + misses), 3) if hits + misses else None},
+        "robots_blocked": counters.get("robots_blocked", 0),
+        "rate_limited": counters.get("rate_limited", 0),
+        "retries": counters.get("retries", 0),
+        "domains": _domain_rates(settings, client, now_ms),
+        "workers": alive_workers(client),
+        "counters": counters,
+    }
+
+
+def _domain_rates(settings: Settings, client: redis.Redis, now_ms: int) -> list[dict[str, Any]]:
+    """Requests per domain in its current window, against its configured limit."""
+    limiter = RateLimiter(client, settings)
+    rows = []
+    for key in client.scan_iter(match="ratelimit:*", count=1000):
+        name = key.decode()
+        if name.endswith(":next"):
+            continue
+        domain = name.split(":", 1)[1]
+        rate = limiter.rate_for(domain)
+        used = client.zcount(name, now_ms - rate.window_ms, "+inf")
+        rows.append({"domain": domain, "requests_in_window": used, "limit": rate.amount,
+                     "window_s": rate.window_ms / 1000})
+    return sorted(rows, key=lambda r: (-r["requests_in_window"], r["domain"]))[:50]
+
+
+def render(snapshot: dict[str, Any]) -> str:
+    """A short plain-text table."""
+    lines = [f"{'queue':<16}{'ready':>10}{'unacked':>9}{'consumers':>11}{'in/s':>8}{'out/s':>8}"]
+    for name, q in snapshot["queues"].items():
+        lines.append(f"{name:<16}{q['ready']:>10}{_dash(q['unacked']):>9}{q['consumers']:>11}"
+                     f"{_dash(q['publish_rate']):>8}{_dash(q['deliver_rate']):>8}")
+    cache = snapshot["cache"]
+    lines.append(f"seen URLs: {snapshot['seen']}   results: {snapshot['results']}   "
+                 f"pages/s (1 min): {snapshot['pages_per_s_last_minute']}   "
+                 f"delayed: {snapshot['delayed']}")
+    lines.append(f"dead-lettered: {snapshot['dead_lettered']} "
+                 f"{snapshot['dead_lettered_by_reason'] or ''}  expired: {snapshot['expired']}  "
+                 f"robots-blocked: {snapshot['robots_blocked']}  retries: {snapshot['retries']}")
+    if cache["hits"] or cache["misses"]:
+        lines.append(f"cache: hits={cache['hits']} misses={cache['misses']} "
+                     f"hit_ratio={cache['hit_ratio']:.2f}")
+    for row in snapshot["domains"][:10]:
+        lines.append(f"  {row['domain']}: {row['requests_in_window']}/{row['limit']} "
+                     f"per {row['window_s']:g}s")
+    workers = snapshot["workers"]
+    lines.append(f"workers alive: {len(workers)}")
+    for w in workers:
+        lines.append(f"  {w['id']} on {w['host']}: processed={w['processed']} "
+                     f"in_flight={w['in_flight']} current={', '.join(w['current'][:3])}")
+    return "\n".join(lines)
+
+
+def render_rich(snapshot: dict[str, Any]) -> Group:
+    """The same picture as rich tables, for ``stats.py --watch``."""
+    queues = Table(title="queues", expand=True)
+    for column in ("queue", "ready", "unacked", "consumers", "in/s", "out/s"):
+        queues.add_column(column, justify="left" if column == "queue" else "right")
+    for name, q in snapshot["queues"].items():
+        queues.add_row(name, str(q["ready"]), _dash(q["unacked"]), str(q["consumers"]),
+                       _dash(q["publish_rate"]), _dash(q["deliver_rate"]))
+    queues.add_row("hold.* (delayed)", str(snapshot["delayed"]), "", "", "", "")
+    cache = snapshot["cache"]
+    summary = Table(title="fleet", expand=True, show_header=False)
+    summary.add_column("what")
+    summary.add_column("value", justify="right")
+    for label, value in (
+            ("pages/s (last minute)", snapshot["pages_per_s_last_minute"]),
+            ("results", snapshot["results"]), ("seen URLs", snapshot["seen"]),
+            ("cache hit ratio", _dash(cache["hit_ratio"])),
+            ("dead-lettered", f"{snapshot['dead_lettered']} {snapshot['dead_lettered_by_reason']}"),
+            ("robots-blocked", snapshot["robots_blocked"]), ("retries", snapshot["retries"]),
+            ("expired", snapshot["expired"])):
+        summary.add_row(label, str(value))
+    domains = Table(title="domains (requests in window / limit)", expand=True)
+    domains.add_column("domain")
+    domains.add_column("used / limit", justify="right")
+    for row in snapshot["domains"][:15]:
+        domains.add_row(row["domain"],
+                        f"{row['requests_in_window']} / {row['limit']} per {row['window_s']:g}s")
+    workers = Table(title=f"workers alive: {len(snapshot['workers'])}", expand=True)
+    for column in ("id", "host", "processed", "in flight", "current"):
+        workers.add_column(column)
+    for w in snapshot["workers"]:
+        workers.add_row(w["id"], w["host"], str(w["processed"]), str(w["in_flight"]),
+                        ", ".join(w["current"][:2]))
+    return Group(queues, summary, domains, workers)
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def watch(settings: Settings, connection: pika.BlockingConnection, client: redis.Redis,
+          interval_s: float = 2.0) -> None:
+    """Refresh the rich view until Ctrl-C."""
+    from rich.live import Live
+
+    with Live(render_rich(collect(settings, connection, client)), refresh_per_second=4) as live:
+        while True:
+            time.sleep(interval_s)
+            live.update(render_rich(collect(settings, connection, client)))

@@ -1,0 +1,71 @@
+"""The seen-set: which canonical URLs were already accepted, shared by every producer.
+
+Fingerprints (:mod:`common.core.urls`) are spread over ``SEEN_BUCKETS`` small Redis sets
+(``crawled_urls:{b}``, see :mod:`common.store.keys`) holding 64-bit integers, so every bucket stays in
+Redis's compact intset encoding (set-max-intset-entries, 512 by default): about 8 bytes a URL
+plus a small per-key overhead, where a set of hex strings costs 80+ bytes (NOTES.md #4).
+Exact: the only false positive is a full 64-bit collision inside one bucket.
+
+Every operation is one pipelined round trip for a whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import redis
+
+from common.core.urls import Fingerprint
+from common.store.keys import SEEN_PREFIX, seen_bucket
+
+
+class SeenSet:
+    """A set of URL fingerprints in ``buckets`` small intsets under ``prefix``.
+
+    The seen-set (``crawled_urls:``) and the done-set (``done:``) share this layout.
+    """
+
+    def __init__(self, client: redis.Redis, buckets: int, prefix: str = SEEN_PREFIX) -> None:
+        self.client = client
+        self.buckets = buckets
+        self.prefix = prefix
+
+    def key(self, fp: Fingerprint) -> str:
+        return seen_bucket(fp.bucket(self.buckets), self.prefix)
+
+    def add_many(self, fps: Sequence[Fingerprint]) -> list[bool]:
+        """Mark fingerprints as seen; True for each one that was new (one round trip)."""
+        if not fps:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for fp in fps:
+            pipe.sadd(self.key(fp), fp.member)
+        return [added == 1 for added in pipe.execute()]
+
+    def remove_many(self, fps: Sequence[Fingerprint]) -> int:
+        """Forget fingerprints (unconfirmed publishes, expired messages). Returns how many."""
+        if not fps:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for fp in fps:
+            pipe.srem(self.key(fp), fp.member)
+        return sum(pipe.execute())
+
+    def contains_many(self, fps: Sequence[Fingerprint]) -> list[bool]:
+        if not fps:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for fp in fps:
+            pipe.sismember(self.key(fp), fp.member)
+        return [bool(found) for found in pipe.execute()]
+
+    def count(self) -> int:
+        """Number of fingerprints, by SCARD over the existing buckets (for stats)."""
+        total = 0
+        keys = list(self.client.scan_iter(match=f"{self.prefix}*", count=1000))
+        for start in range(0, len(keys), 1000):
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys[start:start + 1000]:
+                pipe.scard(key)
+            total += sum(pipe.execute())
+        return total

@@ -1,0 +1,139 @@
+"""robots.txt: fetched once per origin for the whole fleet, cached in Redis, parsed by protego.
+
+``robots:{origin}`` holds ``{"status": ..., "body": ..., "fetched_at": ...}`` for
+ROBOTS_TTL_S (24 h). Status, per RFC 9309:
+
+* ``ok``           2xx: the rules in ``body`` apply;
+* ``allow_all``    4xx (no robots.txt): everything is allowed;
+* ``unavailable``  5xx, timeout, connection error: the site may be down; URLs of the origin
+                   are retried later with backoff (a transient failure), and the entry is kept
+                   only briefly (UNAVAILABLE_TTL_S) so robots.txt is tried again soon.
+
+Each worker keeps parsed entries in memory for LOCAL_TTL_S, so robots costs no round trip on
+the hot path. Only the worker holding ``robots:lock:{origin}`` fetches; others park the URL for
+a moment. The robots.txt request itself takes a rate-limit permit like any other request.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import redis
+from protego import Protego
+
+from common.store.keys import robots_key, robots_lock_key
+
+LOCAL_TTL_S = 60.0
+LOCAL_MAX_ORIGINS = 10_000
+UNAVAILABLE_TTL_S = 60
+LOCK_MS = 30_000
+MAX_ROBOTS_BYTES = 500 * 1024  # RFC 9309: parse at least 500 KiB
+
+ALLOW_ALL = "allow_all"
+RULES = "ok"
+UNAVAILABLE = "unavailable"
+
+
+def origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.lower()}"
+
+
+@dataclass(frozen=True)
+class RobotsEntry:
+    status: str
+    body: str = ""
+    detail: str = ""
+
+    def parser(self) -> Protego | None:
+        return Protego.parse(self.body) if self.status == RULES else None
+
+
+class RobotsRules:
+    """A parsed entry: answers allowed/crawl-delay for one origin."""
+
+    def __init__(self, entry: RobotsEntry, user_agent: str) -> None:
+        self.entry = entry
+        self.user_agent = user_agent
+        self._parser = entry.parser()
+
+    @property
+    def unavailable(self) -> bool:
+        return self.entry.status == UNAVAILABLE
+
+    def allows(self, url: str) -> bool:
+        return self._parser is None or self._parser.can_fetch(url, self.user_agent)
+
+    def crawl_delay_s(self) -> float | None:
+        if self._parser is None:
+            return None
+        delay = self._parser.crawl_delay(self.user_agent)
+        return float(delay) if delay else None
+
+
+def entry_for_response(status: int | None, body: bytes, error: str | None = None) -> RobotsEntry:
+    """Turn a robots.txt fetch into an entry (RFC 9309 §2.3.1)."""
+    if status is None or status >= 500 or status == 429:
+        return RobotsEntry(UNAVAILABLE, detail=error or f"status {status}")
+    if status >= 400:
+        return RobotsEntry(ALLOW_ALL, detail=f"status {status}")
+    if status >= 300:  # redirects exhausted: treat as unavailable
+        return RobotsEntry(UNAVAILABLE, detail=f"status {status}")
+    text = body[:MAX_ROBOTS_BYTES].decode("utf-8", errors="replace")
+    return RobotsEntry(RULES, body=text)
+
+
+class RobotsStore:
+    """Shared (Redis) and local (memory) caches of robots entries."""
+
+    def __init__(self, client: redis.Redis, user_agent: str, ttl_s: int) -> None:
+        self.client = client
+        self.user_agent = user_agent
+        self.ttl_s = ttl_s
+        self._local: OrderedDict[str, tuple[float, RobotsRules]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, origin: str) -> RobotsRules | None:
+        """The rules for ``origin`` from memory or Redis; None when nobody has fetched them."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._local.get(origin)
+            if hit and hit[0] > now:
+                self._local.move_to_end(origin)
+                return hit[1]
+        raw = self.client.get(robots_key(origin))
+        if raw is None:
+            return None
+        data = json.loads(raw)
+        rules = RobotsRules(RobotsEntry(data["status"], data.get("body", ""),
+                                        data.get("detail", "")), self.user_agent)
+        self._remember(origin, rules)
+        return rules
+
+    def put(self, origin: str, entry: RobotsEntry) -> RobotsRules:
+        ttl_s = UNAVAILABLE_TTL_S if entry.status == UNAVAILABLE else self.ttl_s
+        payload = json.dumps({"status": entry.status, "body": entry.body,
+                              "detail": entry.detail, "fetched_at": time.time()})
+        self.client.set(robots_key(origin), payload, ex=ttl_s)
+        rules = RobotsRules(entry, self.user_agent)
+        self._remember(origin, rules)
+        return rules
+
+    def try_lock(self, origin: str, owner: str) -> bool:
+        return bool(self.client.set(robots_lock_key(origin), owner, nx=True, px=LOCK_MS))
+
+    def unlock(self, origin: str) -> None:
+        self.client.delete(robots_lock_key(origin))
+
+    def _remember(self, origin: str, rules: RobotsRules) -> None:
+        ttl_s = min(LOCAL_TTL_S, UNAVAILABLE_TTL_S if rules.unavailable else LOCAL_TTL_S)
+        with self._lock:
+            self._local[origin] = (time.monotonic() + ttl_s, rules)
+            self._local.move_to_end(origin)
+            while len(self._local) > LOCAL_MAX_ORIGINS:
+                self._local.popitem(last=False)

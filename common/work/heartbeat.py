@@ -1,0 +1,70 @@
+"""Worker heartbeats: each live worker keeps ``workers:{id}`` fresh in Redis.
+
+A background thread rewrites the key every HEARTBEAT_INTERVAL_S with a TTL of three
+intervals, so the status view lists live workers and a worker killed with -9 disappears by
+itself within 3 intervals. A clean stop deletes the key at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from common.store.keys import WORKERS_PREFIX, worker_key
+
+logger = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(self, client: redis.Redis, worker_id: str, interval_s: float,
+                 snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.client = client
+        self.worker_id = worker_id
+        self.interval_s = interval_s
+        self.snapshot = snapshot
+        self.started = time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 5)
+        try:
+            self.client.delete(worker_key(self.worker_id))
+        except redis.RedisError as exc:
+            logger.warning("could not remove heartbeat key: %s", exc)
+
+    def beat(self) -> None:
+        payload = {"id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
+                   "started": round(self.started, 3), "beat": round(time.time(), 3),
+                   **self.snapshot()}
+        self.client.set(worker_key(self.worker_id), json.dumps(payload),
+                        ex=max(1, round(self.interval_s * 3)))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except redis.RedisError as exc:
+                logger.warning("heartbeat failed (Redis: %s)", exc)
+            self._stop.wait(self.interval_s)
+
+
+def alive_workers(client: redis.Redis) -> list[dict[str, Any]]:
+    """Heartbeats of the workers alive now, sorted by id."""
+    keys = list(client.scan_iter(match=f"{WORKERS_PREFIX}*", count=1000))
+    if not keys:
+        return []
+    values = client.mget(keys)
+    return sorted((json.loads(v) for v in values if v), key=lambda w: w["id"])

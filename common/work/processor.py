@@ -1,0 +1,396 @@
+"""What a worker does with one message, decided off the I/O thread.
+
+:meth:`Processor.process` runs in a fetch thread. It returns an :class:`Outcome` telling the
+I/O thread what must be durably published before the delivery may be acked:
+
+* ``result``       the result is already in Redis: ack;
+* ``delay``        publish the message to a hold queue (rate limit, backoff, robots busy): ack
+                   once confirmed. Delayed, never dropped, never busy-waited;
+* ``dead_letter``  publish to ``failed_urls`` with headers (common/broker/deadletter.py): ack once
+                   confirmed;
+* ``released``     an expired message whose fingerprint was released: ack.
+
+Per URL, in order: decode → canonicalise → wait out ``not_before`` → robots.txt → rate limit
+and cache (one Lua call) → fetch → classify (common/core/errors.py) → record or retry or DLQ.
+Hot path: two Redis round trips (the admit script, the result pipeline); robots rules come
+from the worker's memory once known.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import redis
+
+from common.broker import topology
+from common.broker.deadletter import DLQ_EXCHANGE, DLQ_ROUTING_KEY, dead_letter_headers, utc_now_iso
+from common.broker.messages import WorkMessage
+from common.core.backoff import retry_delay_s
+from common.core.config import Settings
+from common.core.errors import (
+    OK,
+    PERMANENT,
+    BadMessage,
+    FetchError,
+    InvalidURL,
+    classify_status,
+)
+from common.core.urls import Fingerprint, canonicalize, domain_of, fingerprint
+from common.intake.crawl import LinkFollower
+from common.store.dedupe import SeenSet
+from common.store.keys import COUNTERS, DONE_PREFIX, failures_key
+from common.store.results import ResultStore
+from common.web import cache as response_cache
+from common.web.fetch import Fetcher, FetchResult
+from common.web.ratelimit import RateLimiter, retime_permit
+from common.web.robots import RobotsRules, RobotsStore, entry_for_response, origin_of
+from common.work import metrics
+from common.work.parse import NotHTML, is_html, parse_html
+
+logger = logging.getLogger(__name__)
+
+#: (permit, sent_at): move the rate-limit permit to the time its request really left.
+Retime = tuple[tuple[str, str] | None, float | None]
+
+ROBOTS_BUSY_MS = 500  # another worker is fetching robots.txt: look again this much later
+
+
+@dataclass(frozen=True)
+class Publish:
+    """A message the I/O thread must publish (with confirm) before acking the delivery."""
+
+    exchange: str
+    routing_key: str
+    body: bytes
+    headers: dict[str, Any] | None = None
+    expiration_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # "result" | "delay" | "dead_letter" | "released" | "already_done"
+    url: str
+    publishes: tuple[Publish, ...] = field(default=())
+    detail: str = ""
+    #: (done-set key, member) to mark once the publishes are confirmed (dead letters), so a
+    #: redelivery of the same message does not dead-letter the URL twice.
+    mark_done: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """A failed attempt: what to put in the DLQ headers and how to retry."""
+
+    reason: str
+    status: int | None = None
+    error: str | None = None
+    retry_after: str | None = None
+
+
+class Processor:
+    def __init__(self, settings: Settings, client: redis.Redis,
+                 fetcher: Fetcher | None = None) -> None:
+        self.settings = settings
+        self.client = client
+        self.fetcher = fetcher or Fetcher(settings)
+        self.results = ResultStore(client, settings.results_maxlen)
+        self.limiter = RateLimiter(client, settings)
+        self.robots = RobotsStore(client, settings.robots_user_agent, settings.robots_ttl_s)
+        self.seen = SeenSet(client, settings.seen_buckets)
+        self.done = SeenSet(client, settings.seen_buckets, prefix=DONE_PREFIX)
+        self.follower = LinkFollower(settings, client) if settings.crawl_enabled else None
+        # Parsing and recording are CPU work under the GIL: with every fetch thread at it,
+        # the threads hand the GIL back and forth at each C call and syscall (40 context
+        # switches a page with 8 threads). Fetches, which wait on the network, stay parallel.
+        self._parse_slots = threading.BoundedSemaphore(settings.parse_concurrency)
+
+    # -- entry points -------------------------------------------------------------------------
+    def process(self, body: bytes, queue: str) -> Outcome:
+        try:
+            message = WorkMessage.from_json(body)
+        except BadMessage as exc:
+            return self._dead_letter_raw(body, "<unparsable>", BadMessage.reason, str(exc))
+        try:
+            url = canonicalize(message.url, max_length=self.settings.max_url_length)
+        except InvalidURL as exc:
+            return self._dead_letter_raw(body, message.url, InvalidURL.reason, str(exc))
+
+        not_before = message.extra.get("not_before")
+        if isinstance(not_before, int | float):
+            remaining_ms = (not_before - time.time()) * 1000
+            if topology.hold_level(remaining_ms) is not None:
+                return self._park(message, queue, remaining_ms, "waiting")
+            if remaining_ms > 0:
+                # Under HOLD_MIN_MS (50 ms) early: not worth another hop, and arriving early
+                # would find the window still full. A short sleep, not a busy wait.
+                time.sleep(remaining_ms / 1000)
+
+        rules = None
+        if self.settings.robots_enabled:
+            origin = origin_of(url)
+            rules = self.robots.get(origin)
+            if rules is None:
+                parked = self._fetch_robots(origin, url, message, queue)
+                if parked is not None:
+                    return parked
+                rules = self.robots.get(origin)
+            if rules is None or rules.unavailable:
+                detail = rules.entry.detail if rules else "robots.txt unknown"
+                return self._failed(url, message, queue,
+                                    _Failure("robots_unavailable", error=detail))
+            if not rules.allows(url):
+                if self._is_done(url, message):
+                    return Outcome("already_done", url, detail="redelivered, already dead-lettered")
+                self.client.hincrby(COUNTERS, "robots_blocked", 1)
+                return self._dead_letter(message, url, _Failure("robots_disallowed"))
+        return self._admit_and_fetch(url, message, queue, rules)
+
+    def process_expired(self, body: bytes) -> Outcome:
+        """A message that expired in a work queue: release its fingerprint and count it."""
+        try:
+            message = WorkMessage.from_json(body)
+        except BadMessage as exc:
+            self.client.hincrby(COUNTERS, "expired", 1)
+            return Outcome("released", "<unparsable>", detail=f"expired bad message: {exc}")
+        fp = _fingerprint_of(message)
+        released = self.seen.remove_many([fp]) if fp is not None else 0
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hincrby(COUNTERS, "expired", 1)
+        pipe.hincrby(COUNTERS, "released", released)
+        pipe.execute()
+        return Outcome("released", message.url, detail="expired; fingerprint released")
+
+    def worker_error(self, body: bytes, exc: BaseException) -> Outcome:
+        """The outcome for a message whose processing raised an unexpected exception."""
+        return self._dead_letter_raw(body, "<unknown>", "worker_error",
+                                     f"{type(exc).__name__}: {exc}")
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _fetch_robots(self, origin: str, url: str, message: WorkMessage,
+                      queue: str) -> Outcome | None:
+        """Fetch robots.txt for ``origin`` (one worker at a time). None: rules now stored."""
+        if not self.robots.try_lock(origin, self.settings.worker_id):
+            return self._park(message, queue, ROBOTS_BUSY_MS, "robots.txt being fetched")
+        try:
+            if self.robots.get(origin) is not None:
+                return None  # fetched by another worker between our look and the lock
+            domain = domain_of(origin)
+            admission = self.limiter.admit(domain, self.limiter.rate_for(domain))
+            if not admission.go:
+                self._rate_limited()
+                return self._park(message, queue, admission.wait_ms, "rate limit (robots.txt)")
+            try:
+                response = self.fetcher.fetch(origin + "/robots.txt", accept_any_type=True)
+                entry = entry_for_response(response.status, response.body)
+                self._retime_now((admission.permit, response.sent_at))
+            except FetchError as exc:
+                self._retime_now((admission.permit, exc.sent_at))
+                if exc.kind == "blocked":  # the page is on the same origin: refused as well
+                    return self._dead_letter(message, url, _Failure(
+                        "fetch_blocked", error=f"{exc.kind}: {exc}"))
+                entry = entry_for_response(None, b"", f"{exc.kind}: {exc}")
+            self.robots.put(origin, entry)
+            logger.info("robots.txt for %s: %s %s", origin, entry.status, entry.detail)
+            return None
+        finally:
+            self.robots.unlock(origin)
+
+    def _admit_and_fetch(self, url: str, message: WorkMessage, queue: str,
+                         rules: RobotsRules | None) -> Outcome:
+        domain = domain_of(url)
+        rate = self.limiter.rate_for(domain, rules.crawl_delay_s() if rules else None)
+        use_cache = self.settings.cache_ttl_s > 0
+        done = self._done_mark(url, message)
+        booked = message.extra.get("slot")
+        admission = self.limiter.admit(domain, rate, cache_url=url if use_cache else None,
+                                       done=done,
+                                       booked_ms=booked if isinstance(booked, int) else 0)
+        if admission.done:
+            return Outcome("already_done", url, detail="redelivered, outcome already recorded")
+        if admission.cached is not None:
+            try:
+                response = response_cache.decode(url, admission.cached)
+            except ValueError as exc:
+                logger.warning("%s", exc)
+            else:
+                metrics.CACHE_HITS.inc()
+                return self._record(url, message, queue, response, done, cached=True,
+                                    rules=rules)
+        if not admission.go:
+            self._rate_limited()
+            booked_message = replace(message, extra={**message.extra,
+                                                     "slot": admission.slot_ms})
+            return self._park(booked_message, queue, admission.wait_ms, "rate limit")
+        if "slot" in message.extra:
+            message = replace(message, extra={k: v for k, v in message.extra.items()
+                                              if k != "slot"})
+
+        if use_cache:
+            metrics.CACHE_MISSES.inc()
+        try:
+            response = self.fetcher.fetch(url)
+            metrics.FETCH_SECONDS.observe(response.elapsed_ms / 1000)
+            metrics.FETCH_BYTES.inc(len(response.body))
+        except FetchError as exc:
+            retime = (admission.permit, exc.sent_at)
+            failure = _Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")
+            if exc.transient:
+                return self._failed(url, message, queue, failure, retime=retime)
+            return self._dead_letter(message, url, failure, retime=retime)
+        retime = (admission.permit, response.sent_at)
+        verdict = classify_status(response.status)
+        if verdict == OK:
+            return self._record(url, message, queue, response, done, cached=False, rules=rules,
+                                retime=retime)
+        failure = _Failure(f"http_{response.status}", status=response.status,
+                           retry_after=response.headers.get("retry-after"))
+        if verdict == PERMANENT:
+            return self._dead_letter(message, url, failure, retime=retime)
+        return self._failed(url, message, queue, failure, retime=retime)
+
+    def _record(self, url: str, message: WorkMessage, queue: str, response: FetchResult,
+                done: tuple[str, int], *, cached: bool, rules: RobotsRules | None = None,
+                retime: Retime | None = None) -> Outcome:
+        """``done`` is the URL's done mark, as computed for the admit call."""
+        with self._parse_slots:
+            return self._parse_and_record(url, message, queue, response, done, cached=cached,
+                                          rules=rules, retime=retime)
+
+    def _parse_and_record(self, url: str, message: WorkMessage, queue: str,
+                          response: FetchResult, done: tuple[str, int], *, cached: bool,
+                          rules: RobotsRules | None, retime: Retime | None) -> Outcome:
+        record: dict[str, Any] = {
+            "url": url, "fetched_at": round(time.time(), 3), "worker": self.settings.worker_id,
+            "queue": queue, "depth": message.depth, "attempts": message.attempts + 1,
+            "cached": cached, "error": None, "final_url": response.final_url,
+            "status": response.status, "content_type": response.content_type,
+            "bytes": len(response.body), "truncated": response.truncated,
+            "elapsed_ms": round(response.elapsed_ms, 1), "redirects": response.redirects,
+        }
+        if response.skipped:
+            record["skipped"] = response.skipped
+        if response.body and is_html(response.content_type, response.body[:512]):
+            try:
+                record.update(parse_html(response.body, response.final_url,
+                                         response.content_type).to_dict())
+            except NotHTML as exc:
+                record["error"] = f"not_html: {exc}"
+        if self.follower is not None and record.get("links"):
+            followed = self.follower.follow(response.final_url, record["links"], message.depth,
+                                            rules)
+            if followed is not None:
+                record["followed"] = followed.new
+        cache_value = None
+        if not cached and self.settings.cache_ttl_s > 0:
+            value = response_cache.encode(response, self.settings.cache_max_bytes)
+            cache_value = (value, self.settings.cache_ttl_s) if value is not None else None
+        counters = {"cache_hits": 1} if cached else (
+            {"cache_misses": 1} if self.settings.cache_ttl_s > 0 else {})
+        self.results.record(record, cache=cache_value, counters=counters,
+                            clear_failures=message.attempts > 0, done=done,
+                            retime=retime)
+        return Outcome("result", url, detail=f"status {response.status}"
+                       + (" (cached)" if cached else ""))
+
+    def _failed(self, url: str, message: WorkMessage, queue: str,
+                failure: _Failure, retime: Retime | None = None) -> Outcome:
+        """A transient failure: count it in Redis, then retry later or give up."""
+        key = failures_key(url)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.incr(key)
+        pipe.expire(key, self.settings.failures_ttl_s)
+        if retime is not None:
+            retime_permit(pipe, *retime)
+        failures = int(pipe.execute()[0])
+        first_failure = message.extra.get("first_failure") or utc_now_iso()
+        updated = replace(message, attempts=failures,
+                          extra={**message.extra, "first_failure": first_failure,
+                                 "last_status": failure.status, "last_error": failure.error})
+        if failures > self.settings.max_retries:
+            return self._dead_letter(updated, url, failure, gave_up=True)
+        delay_s = retry_delay_s(failures, failure.retry_after, base_s=self.settings.retry_base_s,
+                                max_s=self.settings.retry_max_s,
+                                retry_after_max_s=self.settings.retry_after_max_s)
+        self.client.hincrby(COUNTERS, "retries", 1)
+        metrics.RETRIES.inc()
+        return self._park(updated, queue, delay_s * 1000,
+                          f"retry {failures}/{self.settings.max_retries} after {failure.reason}")
+
+    def _park(self, message: WorkMessage, queue: str, delay_ms: float, why: str) -> Outcome:
+        """Send the message to the hold queue for the next hop of ``delay_ms``."""
+        level = topology.hold_level(delay_ms) or topology.HOLD_LEVELS_MS[0]
+        not_before = time.time() + delay_ms / 1000
+        current = message.extra.get("not_before")
+        if isinstance(current, int | float) and current > not_before:
+            not_before = current
+        parked = replace(message, extra={**message.extra, "not_before": round(not_before, 3)})
+        publish = Publish(topology.hold_name(level), queue, parked.to_json())
+        return Outcome("delay", message.url, (publish,),
+                       detail=f"{why}: held {level} ms of {delay_ms:.0f} ms")
+
+    def _dead_letter(self, message: WorkMessage, url: str, failure: _Failure, *,
+                     gave_up: bool = False, retime: Retime | None = None) -> Outcome:
+        reason = "max_retries" if gave_up else failure.reason
+        headers = dead_letter_headers(
+            reason, attempts=message.attempts if gave_up else message.attempts + 1,
+            last_status=failure.status, last_error=failure.error or failure.reason,
+            first_failure=message.extra.get("first_failure"))
+        headers["failure"] = failure.reason
+        extra = {k: v for k, v in message.extra.items() if k not in ("not_before", "slot")}
+        body = replace(message, url=url, extra=extra).to_json()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
+        if retime is not None:
+            retime_permit(pipe, *retime)
+        pipe.execute()
+        return Outcome("dead_letter", url, (Publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body,
+                                                    headers=headers),),
+                       detail=f"{reason} ({failure.reason})", mark_done=self._done_mark(url, message))
+
+    def _retime_now(self, retime: Retime) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        retime_permit(pipe, *retime)
+        if pipe.command_stack:
+            pipe.execute()
+
+    def _rate_limited(self) -> None:
+        self.client.hincrby(COUNTERS, "rate_limited", 1)
+        metrics.RATE_LIMIT_DELAYS.inc()
+
+    def _done_mark(self, url: str, message: WorkMessage) -> tuple[str, int]:
+        """(done-set key, member) of this message's outcome: the URL's, or for a recrawl
+        (a ``nonce`` in the message) that of this one refresh."""
+        nonce = message.extra.get("nonce")
+        fp = fingerprint(f"{url}#recrawl:{nonce}" if isinstance(nonce, str) else url)
+        return self.done.key(fp), fp.member
+
+    def _is_done(self, url: str, message: WorkMessage) -> bool:
+        key, member = self._done_mark(url, message)
+        return bool(self.client.sismember(key, member))
+
+    def mark_done(self, mark: tuple[str, int]) -> None:
+        """Record that a URL's outcome is final (called once its dead letter is confirmed)."""
+        self.client.sadd(mark[0], mark[1])
+
+    def _dead_letter_raw(self, body: bytes, url: str, reason: str, error: str) -> Outcome:
+        headers = dead_letter_headers(reason, last_error=error)
+        self.client.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
+        return Outcome("dead_letter", url, (Publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body,
+                                                    headers=headers),),
+                       detail=f"{reason}: {error}")
+
+
+def _fingerprint_of(message: WorkMessage) -> Fingerprint | None:
+    if message.fp:
+        try:
+            return Fingerprint(bytes.fromhex(message.fp))
+        except ValueError:
+            logger.warning("bad fingerprint %r in an expired message", message.fp)
+    try:
+        return fingerprint(canonicalize(message.url))
+    except InvalidURL:
+        return None

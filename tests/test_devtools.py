@@ -14,7 +14,6 @@ import requests
 from lxml import html as lxml_html
 
 from common.broker import topology
-from devtools import services as services_module
 from devtools.services import (
     FleetServices,
     LocalRedis,
@@ -22,6 +21,8 @@ from devtools.services import (
     find_binaries,
     fleet_services,
 )
+from devtools.services import base as services_base
+from devtools.services import fleet as services_fleet
 from devtools.testsite import TestSite, start_sites
 
 
@@ -132,12 +133,12 @@ def test_fleet_services_uses_urls_from_the_environment_as_is():
 
 def test_docker_is_not_asked_when_docker_host_is_not_on_this_machine():
     # Returns before any connection is attempted: nothing is sent to that address.
-    assert services_module._docker_engine_answers({"DOCKER_HOST": "tcp://10.9.8.7:2375"}) is False
+    assert services_fleet._docker_engine_answers({"DOCKER_HOST": "tcp://10.9.8.7:2375"}) is False
 
 
 def test_missing_binaries_error_says_how_to_install_them(monkeypatch):
-    monkeypatch.setattr(services_module, "RABBITMQ_BIN_DIRS", ("/nonexistent",))
-    monkeypatch.setattr(services_module, "REDIS_BIN_DIRS", ("/nonexistent",))
+    monkeypatch.setattr(services_base, "RABBITMQ_BIN_DIRS", ("/nonexistent",))
+    monkeypatch.setattr(services_base, "REDIS_BIN_DIRS", ("/nonexistent",))
     monkeypatch.setenv("PATH", "/nonexistent")
 
     with pytest.raises(RuntimeError, match="apt-get install -y rabbitmq-server redis-server"):

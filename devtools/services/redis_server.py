@@ -1,0 +1,148 @@
+"""A local ``redis-server`` child process on a free loopback port, for tests and the local run.
+
+It runs in the foreground in its own process group and temporary directory, with no RDB
+snapshots (``--save ''``) and, unless asked for, no AOF either.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+import redis.exceptions
+
+from devtools.services.base import (
+    LOOPBACK,
+    Managed,
+    ServicesUnavailable,
+    find_binaries,
+    free_port,
+    tail,
+    terminate_group,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class LocalRedis(Managed):
+    """A ``redis-server`` child process on a free 127.0.0.1 port, in its own temp dir.
+
+    Args:
+        appendonly: keep an AOF in the temp dir so data survives :meth:`restart`.
+        port: TCP port (default: a free one).
+        binary: path to ``redis-server`` (default: found with :func:`find_binaries`).
+        start_timeout_s: how long :meth:`start` waits for PING to answer.
+    """
+
+    def __init__(
+        self,
+        *,
+        appendonly: bool = False,
+        port: int | None = None,
+        binary: str | None = None,
+        start_timeout_s: float = 15.0,
+    ) -> None:
+        self.appendonly = appendonly
+        self.port = port or free_port()
+        self.host = LOOPBACK
+        self.binary = binary
+        self.start_timeout_s = start_timeout_s
+        self.dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT/0``."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> LocalRedis:
+        """Start the server and wait until it answers PING."""
+        if self.running:
+            raise RuntimeError(f"redis on port {self.port} is already running")
+        if self.binary is None:
+            self.binary = find_binaries(["redis"])["redis-server"]
+        if self.dir is None:
+            self.dir = Path(tempfile.mkdtemp(prefix="fleet-redis-"))
+        log_path = self.dir / "redis.log"
+        cmd = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--dir", str(self.dir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--daemonize", "no",
+            "--logfile", str(log_path),
+        ]
+        logger.debug("starting redis: %s", " ".join(cmd))
+        self._proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + self.start_timeout_s
+        client = redis.Redis(host=self.host, port=self.port, socket_timeout=1,
+                             socket_connect_timeout=1)
+        try:
+            while True:
+                if self._proc.poll() is not None:
+                    raise ServicesUnavailable(
+                        f"redis-server exited with {self._proc.returncode}:\n{tail(log_path)}")
+                try:
+                    client.ping()
+                    break
+                except redis.exceptions.BusyLoadingError:
+                    pass  # replaying the AOF after a restart
+                except redis.exceptions.ConnectionError as exc:
+                    if time.monotonic() > deadline:
+                        self._kill()
+                        raise ServicesUnavailable(
+                            f"redis-server did not answer within {self.start_timeout_s} s: "
+                            f"{exc}\n{tail(log_path)}") from None
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            client.close()
+        logger.info("redis started at %s (dir %s)", self.url, self.dir)
+        return self
+
+    def _kill(self, hard: bool = False) -> None:
+        if self._proc is None:
+            return
+        if hard and self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._proc.wait(timeout=10)
+        terminate_group(self._proc, timeout_s=10)
+        self._proc = None
+
+    def restart(self, *, kill: bool = False) -> LocalRedis:
+        """Stop and start again on the same port and directory.
+
+        Args:
+            kill: SIGKILL instead of a clean shutdown (simulates a crash; with
+                ``appendonly`` the last second of writes may be lost, as in production).
+        """
+        self._kill(hard=kill)
+        return self.start()
+
+    def stop(self) -> None:
+        """Shut the server down and delete its directory. Safe to call twice."""
+        self._kill()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None

@@ -1,0 +1,188 @@
+"""The bench's verdicts: every phase's results as table rows against their targets, printed
+and written as JSON.
+
+:data:`FIGURES` is the table's row order (tests/test_bench.py checks every one is printed);
+the report goes to stdout and to ``bench/out/bench-<time>.json`` (and ``--json FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.farm import Farm
+from bench.figures import Row, judge, render_table
+from bench.shared import FLEET_ENV_OVERRIDES, OUT_DIR, REPO_ROOT, Sizes
+
+# Targets from the issue (2-core machine).
+TARGET_RATIO = 3.0
+TARGET_CPU_MS = 2.5
+TARGET_RSS_MB = 80.0
+TARGET_ROUND_TRIPS = 2.0
+TARGET_PRODUCER_PER_S = 5000.0
+TARGET_SEEN_BYTES = 16.0
+TARGET_PRIORITY_P95_S = 2.0
+TARGET_POLITE_RATIO = 1.05
+
+#: Row labels, in table order; tests/test_bench.py checks every one is printed.
+FIGURES: tuple[str, ...] = (
+    "fleet pages/s",
+    "scrapy-redis pages/s",
+    "fleet / scrapy-redis",
+    "worker CPU per page",
+    "worker peak RSS",
+    "Redis round trips per page, hot path",
+    "Redis round trips per page, all",
+    "Redis reads per page (server)",
+    "system CPU per page, fleet",
+    "system CPU per page, scrapy-redis",
+    "producer new URLs/s",
+    "seen-set bytes per URL",
+    "seen-set false positives",
+    "priority wait p50",
+    "priority wait p95",
+    "politeness duration / bound",
+    "politeness windows over limit",
+    "machine speed: reference parse",
+)
+
+
+def figure_phase(figure: str) -> str:
+    """Which phase measures ``figure``."""
+    prefixes = (("scrapy-redis", "peer"), ("fleet /", "peer"),
+                ("system CPU per page, scrapy", "peer"), ("producer", "producer"),
+                ("seen-set", "seen"), ("priority", "priority"), ("politeness", "politeness"),
+                ("machine", "machine"))
+    for prefix, phase in prefixes:
+        if figure.startswith(prefix):
+            return phase
+    return "fleet"
+
+
+def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]:
+    fleet, peer = phases.get("fleet", {}), phases.get("peer", {})
+    producer, seen = phases.get("producer", {}), phases.get("seen", {})
+    prio, polite = phases.get("priority", {}), phases.get("politeness", {})
+    workers, spiders = ctx_sizes.workers, ctx_sizes.spiders
+    peer_skipped = "skipped" in peer or not peer
+    rows: list[Row] = []
+
+    def add(figure: str, value: float | None, unit: str, target: str, verdict: str,
+            digits: int = 2) -> None:
+        if value is None and verdict != "skipped":
+            verdict = "skipped" if figure_phase(figure) not in phases else "FAIL"
+        rows.append(Row(figure, value, unit, target, verdict, digits))
+
+    add("fleet pages/s", fleet.get("pages_per_s"), f"pages/s, {workers} workers", "", "info", 0)
+    if peer_skipped:
+        add("scrapy-redis pages/s", None, f"pages/s, {spiders} spiders", "", "skipped", 0)
+        add("fleet / scrapy-redis", None, "x", f">= {TARGET_RATIO:g}", "skipped")
+    else:
+        ratio = (fleet["pages_per_s"] / peer["pages_per_s"]
+                 if peer.get("pages_per_s") and fleet.get("pages_per_s") else None)
+        add("scrapy-redis pages/s", peer.get("pages_per_s"), f"pages/s, {spiders} spiders", "",
+            "info", 0)
+        add("fleet / scrapy-redis", ratio, "x", f">= {TARGET_RATIO:g}",
+            judge(ratio, at_least=TARGET_RATIO))
+    cpu = fleet.get("cpu_ms_per_page")
+    add("worker CPU per page", cpu, "ms", f"<= {TARGET_CPU_MS:g}", judge(cpu, at_most=TARGET_CPU_MS))
+    rss = fleet.get("rss_mb")
+    add("worker peak RSS", rss, "MB", f"<= {TARGET_RSS_MB:g}", judge(rss, at_most=TARGET_RSS_MB), 1)
+    hot = fleet.get("hot_round_trips_per_page")
+    hot = None if hot is None else round(hot, 2)  # per-domain extras (robots) are < 0.01
+    add("Redis round trips per page, hot path", hot, "client-counted, per-page shapes",
+        f"<= {TARGET_ROUND_TRIPS:g}", judge(hot, at_most=TARGET_ROUND_TRIPS))
+    add("Redis round trips per page, all", fleet.get("round_trips_per_page"),
+        "incl. connects, heartbeats, robots", "", "info")
+    add("Redis reads per page (server)", fleet.get("redis_reads_per_page"),
+        "INFO total_reads_processed", "", "info")
+    add("system CPU per page, fleet", fleet.get("system_cpu_ms_per_page"),
+        "ms (workers+RabbitMQ+Redis+nginx)", "", "info")
+    add("system CPU per page, scrapy-redis",
+        None if peer_skipped else peer.get("system_cpu_ms_per_page"),
+        "ms (spiders+Redis+nginx)", "", "skipped" if peer_skipped else "info")
+    rate = producer.get("new_per_s")
+    add("producer new URLs/s", rate, f"URLs/s, {producer.get('urls', 0):,} new, confirmed",
+        f">= {TARGET_PRODUCER_PER_S:,.0f}", judge(rate, at_least=TARGET_PRODUCER_PER_S), 0)
+    per_url = seen.get("bytes_per_url")
+    exact = seen.get("false_positives") == 0 and seen.get("members_missing") == 0
+    add("seen-set bytes per URL", per_url, f"bytes at {seen.get('urls', 0):,} URLs",
+        f"<= {TARGET_SEEN_BYTES:g}", judge(per_url, at_most=TARGET_SEEN_BYTES))
+    add("seen-set false positives", seen.get("false_positives"),
+        f"of {seen.get('non_members_checked', 0):,} non-members", "0 (exact)",
+        "pass" if exact else "FAIL", 0)
+    add("priority wait p50", prio.get("p50_s"), f"s, behind {prio.get('backlog', 0):,} URLs",
+        "", "info", 3)
+    p95 = prio.get("p95_s")
+    add("priority wait p95", p95, f"s, {prio.get('samples', 0)} samples",
+        f"<= {TARGET_PRIORITY_P95_S:g}", judge(p95, at_most=TARGET_PRIORITY_P95_S), 3)
+    ratio_polite = polite.get("ratio")
+    add("politeness duration / bound", ratio_polite,
+        f"x, {ctx_sizes.polite_rate}/s per domain, 200 ms latency",
+        f"<= {TARGET_POLITE_RATIO:g}", judge(ratio_polite, at_most=TARGET_POLITE_RATIO), 3)
+    over = polite.get("windows_over")
+    add("politeness windows over limit", over, "1 s sliding windows", "0",
+        "pass" if over == 0 else "FAIL", 0)
+    reference = phases.get("machine", {}).get("reference_parse_us") or []
+    add("machine speed: reference parse", sum(reference) / len(reference) if reference else None,
+        "us, one farm page, before/after " + "/".join(f"{v:.0f}" for v in reference),
+        "", "info", 0)
+    return rows
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _clean(value: Any) -> Any:
+    """NaN → None, recursively, so the JSON is standard."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_report(args: argparse.Namespace, sizes: Sizes, phases: dict[str, dict[str, Any]],
+                 farm: Farm, stamp: str, started: float) -> None:
+    """The table on stdout, the whole report in ``bench/out/bench-<stamp>.json`` (and --json)."""
+    rows = build_rows(sizes, phases)
+    table = render_table(rows)
+    elapsed_s = time.monotonic() - started
+    report = {
+        "started_utc": stamp,
+        "elapsed_s": round(elapsed_s, 1),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "sizes": sizes.__dict__,
+        "fleet_env_overrides": FLEET_ENV_OVERRIDES,
+        "farm": {"sites": sizes.sites, "pages": sizes.pages,
+                 "mean_page_bytes": farm.page_bytes_mean},
+        "rows": [row.as_dict() for row in rows],
+        "phases": phases,
+        "table": table,
+    }
+    text = json.dumps(_clean(report), indent=2, default=_json_default)
+    out = OUT_DIR / f"bench-{stamp}.json"
+    out.write_text(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text)
+    print(f"\n== bench: {sizes.sites} sites x {sizes.pages} pages, {sizes.workers} workers vs "
+          f"{sizes.spiders} spiders, {elapsed_s:.0f}s ({out.relative_to(REPO_ROOT)}) ==")
+    print(table, flush=True)
+    profile = phases.get("fleet", {}).get("profile")
+    if profile and profile.get("samples"):
+        print("\nworker profile (py-spy, share of samples, self):")
+        for name, share in profile["self"][:10]:
+            print(f"  {share:5.1f}%  {name}")

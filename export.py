@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
 from typing import TextIO
@@ -35,39 +34,17 @@ from common.store.results import ResultStore
 logger = logging.getLogger(__name__)
 
 
-def _argument(parse: Callable[[str], str]) -> Callable[[str], str]:
-    """``parse`` as an argparse type: a ValueError becomes "argument --x: message", exit 2."""
-
-    def checked(text: str) -> str:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return checked
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Export the results stream as JSON Lines or CSV.")
     parser.add_argument("--format", choices=FORMATS, default="jsonl", help="default: jsonl")
     parser.add_argument("-o", "--output", metavar="FILE",
                         help="write to FILE (replaced) instead of stdout")
     start = parser.add_mutually_exclusive_group()
-    start.add_argument("--from", dest="from_id", type=_argument(parse_stream_id),
+    start.add_argument("--from", dest="from_id", type=cli.argument(parse_stream_id),
                        metavar="STREAM_ID", help="first stream id, inclusive (MS-SEQ or MS)")
-    start.add_argument("--since", type=_argument(since_to_stream_id), metavar="TIME",
+    start.add_argument("--since", type=cli.argument(since_to_stream_id), metavar="TIME",
                        help="first time: ISO 8601 (no offset = UTC) or Unix epoch seconds")
-    parser.add_argument("--limit", type=_positive_int, metavar="N", help="stop after N records")
+    parser.add_argument("--limit", type=cli.positive_int, metavar="N", help="stop after N records")
     parser.add_argument("--follow", action="store_true",
                         help="after the backlog, keep exporting new records until stopped")
     args = parser.parse_args(argv)

@@ -9,7 +9,8 @@ URLs go through the same path as producer.py (common.intake.producer.Producer). 
 line per site (``site=… sitemaps=N errors=N filtered=N read=… new=…``); progress on stderr
 while it runs (common.ops.progress: a bar on a terminal, a line every few seconds otherwise). Exits 0 when everything was read and published, 1 when some sitemap failed or
 some URL could not be published, 2 on bad arguments or settings, 3 when RabbitMQ or Redis
-cannot be reached. common/intake/sitemaps.py has the rules (formats, limits, --since).
+cannot be reached. common/intake/sitemaps.py has the walk (discovery, indexes, --since),
+common/intake/sitemap_files.py the formats and their limits.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("MAX_RETRIES", "max_retries", values.non_negative_int, "3",
          "Retries of a transient failure (timeout, connection, 5xx, 429) before the DLQ."),
     Knob("RETRY_BASE_S", "retry_base_s", values.positive_float, "2",
-         "First retry delay; doubles each attempt, with full jitter."),
+         "First retry delay; doubles each attempt (half of it fixed, half random: equal jitter)."),
     Knob("RETRY_MAX_S", "retry_max_s", values.positive_float, "300",
          "Longest backoff delay (Retry-After may ask for more, up to RETRY_AFTER_MAX_S)."),
     Knob("RETRY_AFTER_MAX_S", "retry_after_max_s", values.positive_float, "3600",

@@ -6,10 +6,12 @@ Exit codes: 0 ok, 1 finished but some work failed, 2 bad configuration or argume
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from common.core.config import Settings, load_settings
 from common.core.errors import ConfigError, ServiceUnavailable
@@ -68,3 +70,28 @@ def run(main: Callable[[Settings], int]) -> None:
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)
+
+
+# -- argument types shared by the entry scripts -----------------------------------------------
+
+def argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as an argparse type: a ValueError becomes "argument --x: message", exit 2."""
+
+    def checked(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return checked
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value

@@ -23,8 +23,8 @@ from common.core.config import Settings
 from common.core.errors import BadMessage, InvalidURL
 from common.core.urls import canonicalize, fingerprint
 from common.intake.producer import Producer, ProduceSummary
-from common.store.dedupe import SeenSet
-from common.store.keys import DONE_PREFIX, failures_key
+from common.store.dedupe import DoneSet, SeenSet
+from common.store.keys import failures_key
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,8 @@ def _forget(urls: list[str], settings: Settings, client: redis.Redis) -> None:
             continue  # goes back to the DLQ as invalid_url through the producer
     if canonical:
         client.delete(*(failures_key(url) for url in canonical))
-        fps = [fingerprint(u) for u in canonical]
-        SeenSet(client, settings.seen_buckets).remove_many(fps)
-        SeenSet(client, settings.seen_buckets, prefix=DONE_PREFIX).remove_many(fps)
+        SeenSet(client, settings.seen_buckets).remove_many([fingerprint(u) for u in canonical])
+        DoneSet(client, settings.seen_buckets).forget(canonical)
 
 
 def purge(connection: pika.BlockingConnection) -> int:

@@ -1,4 +1,5 @@
-"""The seen-set: which canonical URLs were already accepted, shared by every producer.
+"""The seen-set (URLs accepted, shared by every producer) and the done-set (URLs whose outcome is
+recorded, shared by every worker).
 
 Fingerprints (:mod:`common.core.urls`) are spread over ``SEEN_BUCKETS`` small Redis sets
 (``crawled_urls:{b}``, see :mod:`common.store.keys`) holding 64-bit integers, so every bucket stays in
@@ -15,8 +16,9 @@ from collections.abc import Sequence
 
 import redis
 
-from common.core.urls import Fingerprint
-from common.store.keys import SEEN_PREFIX, seen_bucket
+from common.core.urls import Fingerprint, fingerprint
+from common.store.keys import DONE_PREFIX, SEEN_PREFIX, seen_bucket
+from common.store.marks import DoneMark
 
 
 class SeenSet:
@@ -69,3 +71,28 @@ class SeenSet:
                 pipe.scard(key)
             total += sum(pipe.execute())
         return total
+
+
+class DoneSet:
+    """URLs whose outcome (one result or one dead letter) is recorded: a redelivered message of
+    a done URL is acked without a second outcome (``done:{b}``, NOTES.md #14)."""
+
+    def __init__(self, client: redis.Redis, buckets: int) -> None:
+        self.client = client
+        self.fingerprints = SeenSet(client, buckets, prefix=DONE_PREFIX)
+
+    def mark_for(self, url: str, nonce: str | None = None) -> DoneMark:
+        """The done mark of ``url``'s outcome, or with a recrawl ``nonce`` that of one refresh."""
+        fp = fingerprint(f"{url}#recrawl:{nonce}" if nonce else url)
+        return DoneMark(self.fingerprints.key(fp), fp.member)
+
+    def contains(self, mark: DoneMark) -> bool:
+        return bool(self.client.sismember(mark.key, mark.member))
+
+    def add(self, mark: DoneMark) -> None:
+        """Record that a URL's outcome is final (once its dead letter is confirmed)."""
+        self.client.sadd(mark.key, mark.member)
+
+    def forget(self, urls: Sequence[str]) -> int:
+        """Clear the marks of ``urls`` (a DLQ replay makes them new again). Returns how many."""
+        return self.fingerprints.remove_many([fingerprint(url) for url in urls])

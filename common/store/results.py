@@ -17,6 +17,7 @@ import orjson
 import redis
 
 from common.store.keys import COUNTERS, RESULTS_STREAM, content_key, failures_key
+from common.store.marks import DoneMark, Retime
 
 # One script, one round trip, for everything a fetched page leaves in Redis.
 # KEYS[1] done:{b} ('' = no once-only check)  KEYS[2] results  KEYS[3] content:{url}
@@ -48,13 +49,12 @@ class ResultStore:
 
     def record(self, record: dict[str, Any], *, cache: tuple[bytes, int] | None = None,
                counters: dict[str, int] | None = None, clear_failures: bool = False,
-               done: tuple[str, int] | None = None,
-               retime: tuple[tuple[str, str] | None, float | None] | None = None) -> bool:
+               done: DoneMark | None = None, retime: Retime | None = None) -> bool:
         """Append one result and do the URL's other bookkeeping in the same round trip (one
         script): store the response in the cache (value, ttl_s), bump counters, clear the
         URL's retry counter after a success, and move the rate-limit permit to the request's
-        send time (see :func:`common.web.ratelimit.retime_permit`). With ``done`` (done-set key,
-        member) the result is appended only if the URL has no recorded outcome yet: one result
+        send time (see :func:`common.web.ratelimit.retime_permit`). With ``done`` (the URL's
+        done mark) the result is appended only if the URL has no recorded outcome yet: one result
         per URL even when a delivery is processed twice.
 
         Returns:
@@ -64,11 +64,11 @@ class ResultStore:
         if sent_at is None:
             permit = None
         url = record["url"]
-        keys = [done[0] if done else "", RESULTS_STREAM, content_key(url), COUNTERS,
-                failures_key(url), permit[0] if permit else ""]
-        args: list[Any] = [done[1] if done else 0, encode(record), self.maxlen,
+        keys = [done.key if done else "", RESULTS_STREAM, content_key(url), COUNTERS,
+                failures_key(url), permit.log_key if permit else ""]
+        args: list[Any] = [done.member if done else 0, encode(record), self.maxlen,
                            cache[0] if cache else b"", cache[1] if cache else 0,
-                           1 if clear_failures else 0, permit[1] if permit else "",
+                           1 if clear_failures else 0, permit.member if permit else "",
                            int(sent_at * 1000) if permit else 0]
         for name, amount in (counters or {}).items():
             args += (name, amount)

@@ -28,6 +28,7 @@ import redis
 
 from common.core.config import Settings
 from common.store.keys import content_key, rate_log_key, rate_slot_key
+from common.store.marks import DoneMark, Permit, Retime
 
 # KEYS[1] content:{url}   KEYS[2] ratelimit:{domain}   KEYS[3] ratelimit:{domain}:next
 # KEYS[4] done:{b} (or "" to skip the check)
@@ -91,8 +92,8 @@ class Admission:
     go: bool
     wait_ms: int = 0
     cached: bytes | None = None
-    done: bool = False  # the URL's outcome is already recorded: nothing to do
-    permit: tuple[str, str] | None = None  # (log key, member) of the permit, to re-time it
+    already_done: bool = False  # the URL's outcome is already recorded: nothing to do
+    permit: Permit | None = None  # the permit logged, to re-time it to the send time
     slot_ms: int = 0  # the slot booked for a denied caller (Redis clock)
 
 
@@ -118,9 +119,9 @@ class RateLimiter:
         return rate
 
     def admit(self, domain: str, rate: Rate, cache_url: str | None = None,
-              done: tuple[str, int] | None = None, booked_ms: int = 0) -> Admission:
+              done: DoneMark | None = None, booked_ms: int = 0) -> Admission:
         """One round trip: already done, a cache hit, a permit now, or how long to wait for a
-        booked slot. ``done`` is the URL's (done-set key, member) to check first;
+        booked slot. ``done`` is the URL's done mark, checked first;
         ``booked_ms`` the slot this URL was given when it was parked (it keeps its place)."""
         span_ms = rate.window_ms + math.ceil(rate.window_ms * self.guard)
         spacing_ms = math.ceil(span_ms / rate.amount)
@@ -131,19 +132,19 @@ class RateLimiter:
             args=[rate.amount, span_ms, spacing_ms, 1 if cache_url else 0, member,
                   int(booked_ms)])
         if go == 2:
-            return Admission(go=False, done=True)
+            return Admission(go=False, already_done=True)
         permit_member = permit.decode() if isinstance(permit, bytes) else permit
         return Admission(go=bool(go), wait_ms=int(wait_ms), cached=cached or None,
-                         permit=(log_key, permit_member) if permit_member else None,
+                         permit=Permit(log_key, permit_member) if permit_member else None,
                          slot_ms=int(slot_ms))
 
 
-def retime_permit(pipe: redis.client.Pipeline, permit: tuple[str, str] | None,
-                  sent_at: float | None) -> None:
+def retime_permit(pipe: redis.client.Pipeline, retime: Retime) -> None:
     """Move a permit's time in the log to when its request was really sent (ZADD XX GT).
 
     The window is then judged on send times: a request that left late (a busy thread, a
     loaded machine) cannot let the next one follow it too closely at the site.
     """
+    permit, sent_at = retime
     if permit is not None and sent_at is not None:
-        pipe.zadd(permit[0], {permit[1]: int(sent_at * 1000)}, xx=True, gt=True)
+        pipe.zadd(permit.log_key, {permit.member: int(sent_at * 1000)}, xx=True, gt=True)

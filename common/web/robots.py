@@ -10,23 +10,35 @@ ROBOTS_TTL_S (24 h). Status, per RFC 9309:
                    only briefly (UNAVAILABLE_TTL_S) so robots.txt is tried again soon.
 
 Each worker keeps parsed entries in memory for LOCAL_TTL_S, so robots costs no round trip on
-the hot path. Only the worker holding ``robots:lock:{origin}`` fetches; others park the URL for
-a moment. The robots.txt request itself takes a rate-limit permit like any other request.
+the hot path. :meth:`RobotsStore.refresh` is the one place robots.txt is fetched and stored.
+Its caller hands it the fetch, and with it its own wait policy: a worker fetches only while it
+holds ``robots:lock:{origin}`` and parks the URL when that lock or a rate-limit permit is not to
+be had now; the sitemap reader sleeps until its permit is due. Either way the robots.txt
+request takes a rate-limit permit like any other request. A fetch the address guard refuses
+(kind ``blocked``) stores nothing: no request left, so nothing about the site is known.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import redis
 from protego import Protego
 
+from common.core.errors import FetchError
 from common.store.keys import robots_key, robots_lock_key
+from common.web.fetch import FetchResult
+
+logger = logging.getLogger(__name__)
+
+ROBOTS_PATH = "/robots.txt"
 
 LOCAL_TTL_S = 60.0
 LOCAL_MAX_ORIGINS = 10_000
@@ -42,6 +54,11 @@ UNAVAILABLE = "unavailable"
 def origin_of(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc.lower()}"
+
+
+def robots_url(origin: str) -> str:
+    """Where ``origin``'s (``scheme://host[:port]``) robots.txt lives."""
+    return origin + ROBOTS_PATH
 
 
 @dataclass(frozen=True)
@@ -113,6 +130,30 @@ class RobotsStore:
         rules = RobotsRules(RobotsEntry(data["status"], data.get("body", ""),
                                         data.get("detail", "")), self.user_agent)
         self._remember(origin, rules)
+        return rules
+
+    def refresh(self, origin: str, fetch: Callable[[str], FetchResult]) -> RobotsRules:
+        """Fetch ``origin``'s robots.txt with ``fetch`` (the caller's wait policy), store the
+        entry fleet-wide, log it once, return its rules.
+
+        ``fetch`` gets :func:`robots_url` of the origin and raises FetchError when no HTTP
+        status came back. A FetchError stores "unavailable" (RFC 9309), except kind
+        ``blocked`` (the address guard refused the origin), which is re-raised: nothing about
+        the site is known.
+
+        Raises:
+            FetchError: kind ``blocked`` only; nothing was stored.
+            redis.RedisError: storing the entry failed.
+        """
+        try:
+            response = fetch(robots_url(origin))
+            entry = entry_for_response(response.status, response.body)
+        except FetchError as exc:
+            if exc.kind == "blocked":
+                raise
+            entry = entry_for_response(None, b"", f"{exc.kind}: {exc}")
+        rules = self.put(origin, entry)
+        logger.info("robots.txt for %s: %s %s", origin, entry.status, entry.detail)
         return rules
 
     def put(self, origin: str, entry: RobotsEntry) -> RobotsRules:

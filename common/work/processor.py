@@ -1,14 +1,8 @@
 """What a worker does with one message, decided off the I/O thread.
 
-:meth:`Processor.process` runs in a fetch thread. It returns an :class:`Outcome` telling the
-I/O thread what must be durably published before the delivery may be acked:
-
-* ``result``       the result is already in Redis: ack;
-* ``delay``        publish the message to a hold queue (rate limit, backoff, robots busy): ack
-                   once confirmed. Delayed, never dropped, never busy-waited;
-* ``dead_letter``  publish to ``failed_urls`` with headers (common/broker/deadletter.py): ack once
-                   confirmed;
-* ``released``     an expired message whose fingerprint was released: ack.
+:meth:`Processor.process` runs in a fetch thread and returns an
+:class:`~common.work.outcome.Outcome`: what must be durably published before the delivery may
+be acked.
 
 Per URL, in order: decode → canonicalise → wait out ``not_before`` → robots.txt → rate limit
 and cache (one Lua call) → fetch → classify (common/core/errors.py) → record or retry or DLQ.
@@ -21,13 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import redis
 
 from common.broker import topology
-from common.broker.deadletter import DLQ_EXCHANGE, DLQ_ROUTING_KEY, dead_letter_headers, utc_now_iso
+from common.broker.deadletter import dead_letter_headers, utc_now_iso
 from common.broker.messages import WorkMessage
 from common.core.backoff import retry_delay_s
 from common.core.config import Settings
@@ -41,54 +35,21 @@ from common.core.errors import (
 )
 from common.core.urls import Fingerprint, canonicalize, domain_of, fingerprint
 from common.intake.crawl import LinkFollower
-from common.store.dedupe import SeenSet
-from common.store.keys import COUNTERS, DONE_PREFIX, failures_key
+from common.store.dedupe import DoneSet, SeenSet
+from common.store.keys import COUNTERS, failures_key
+from common.store.marks import DoneMark, Retime
 from common.store.results import ResultStore
 from common.web import cache as response_cache
 from common.web.fetch import Fetcher, FetchResult
 from common.web.ratelimit import RateLimiter, retime_permit
 from common.web.robots import RobotsRules, RobotsStore, entry_for_response, origin_of
 from common.work import metrics
+from common.work.outcome import Failure, Outcome, dead_letter, park
 from common.work.parse import NotHTML, is_html, parse_html
 
 logger = logging.getLogger(__name__)
 
-#: (permit, sent_at): move the rate-limit permit to the time its request really left.
-Retime = tuple[tuple[str, str] | None, float | None]
-
 ROBOTS_BUSY_MS = 500  # another worker is fetching robots.txt: look again this much later
-
-
-@dataclass(frozen=True)
-class Publish:
-    """A message the I/O thread must publish (with confirm) before acking the delivery."""
-
-    exchange: str
-    routing_key: str
-    body: bytes
-    headers: dict[str, Any] | None = None
-    expiration_ms: int | None = None
-
-
-@dataclass(frozen=True)
-class Outcome:
-    kind: str  # "result" | "delay" | "dead_letter" | "released" | "already_done"
-    url: str
-    publishes: tuple[Publish, ...] = field(default=())
-    detail: str = ""
-    #: (done-set key, member) to mark once the publishes are confirmed (dead letters), so a
-    #: redelivery of the same message does not dead-letter the URL twice.
-    mark_done: tuple[str, int] | None = None
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """A failed attempt: what to put in the DLQ headers and how to retry."""
-
-    reason: str
-    status: int | None = None
-    error: str | None = None
-    retry_after: str | None = None
 
 
 class Processor:
@@ -101,7 +62,7 @@ class Processor:
         self.limiter = RateLimiter(client, settings)
         self.robots = RobotsStore(client, settings.robots_user_agent, settings.robots_ttl_s)
         self.seen = SeenSet(client, settings.seen_buckets)
-        self.done = SeenSet(client, settings.seen_buckets, prefix=DONE_PREFIX)
+        self.done = DoneSet(client, settings.seen_buckets)
         self.follower = LinkFollower(settings, client) if settings.crawl_enabled else None
         # Parsing and recording are CPU work under the GIL: with every fetch thread at it,
         # the threads hand the GIL back and forth at each C call and syscall (40 context
@@ -123,7 +84,7 @@ class Processor:
         if isinstance(not_before, int | float):
             remaining_ms = (not_before - time.time()) * 1000
             if topology.hold_level(remaining_ms) is not None:
-                return self._park(message, queue, remaining_ms, "waiting")
+                return park(message, queue, remaining_ms, "waiting")
             if remaining_ms > 0:
                 # Under HOLD_MIN_MS (50 ms) early: not worth another hop, and arriving early
                 # would find the window still full. A short sleep, not a busy wait.
@@ -141,12 +102,12 @@ class Processor:
             if rules is None or rules.unavailable:
                 detail = rules.entry.detail if rules else "robots.txt unknown"
                 return self._failed(url, message, queue,
-                                    _Failure("robots_unavailable", error=detail))
+                                    Failure("robots_unavailable", error=detail))
             if not rules.allows(url):
                 if self._is_done(url, message):
                     return Outcome("already_done", url, detail="redelivered, already dead-lettered")
                 self.client.hincrby(COUNTERS, "robots_blocked", 1)
-                return self._dead_letter(message, url, _Failure("robots_disallowed"))
+                return self._dead_letter(message, url, Failure("robots_disallowed"))
         return self._admit_and_fetch(url, message, queue, rules)
 
     def process_expired(self, body: bytes) -> Outcome:
@@ -174,7 +135,7 @@ class Processor:
                       queue: str) -> Outcome | None:
         """Fetch robots.txt for ``origin`` (one worker at a time). None: rules now stored."""
         if not self.robots.try_lock(origin, self.settings.worker_id):
-            return self._park(message, queue, ROBOTS_BUSY_MS, "robots.txt being fetched")
+            return park(message, queue, ROBOTS_BUSY_MS, "robots.txt being fetched")
         try:
             if self.robots.get(origin) is not None:
                 return None  # fetched by another worker between our look and the lock
@@ -182,15 +143,15 @@ class Processor:
             admission = self.limiter.admit(domain, self.limiter.rate_for(domain))
             if not admission.go:
                 self._rate_limited()
-                return self._park(message, queue, admission.wait_ms, "rate limit (robots.txt)")
+                return park(message, queue, admission.wait_ms, "rate limit (robots.txt)")
             try:
                 response = self.fetcher.fetch(origin + "/robots.txt", accept_any_type=True)
                 entry = entry_for_response(response.status, response.body)
-                self._retime_now((admission.permit, response.sent_at))
+                self._retime_now(Retime(admission.permit, response.sent_at))
             except FetchError as exc:
-                self._retime_now((admission.permit, exc.sent_at))
+                self._retime_now(Retime(admission.permit, exc.sent_at))
                 if exc.kind == "blocked":  # the page is on the same origin: refused as well
-                    return self._dead_letter(message, url, _Failure(
+                    return self._dead_letter(message, url, Failure(
                         "fetch_blocked", error=f"{exc.kind}: {exc}"))
                 entry = entry_for_response(None, b"", f"{exc.kind}: {exc}")
             self.robots.put(origin, entry)
@@ -209,7 +170,7 @@ class Processor:
         admission = self.limiter.admit(domain, rate, cache_url=url if use_cache else None,
                                        done=done,
                                        booked_ms=booked if isinstance(booked, int) else 0)
-        if admission.done:
+        if admission.already_done:
             return Outcome("already_done", url, detail="redelivered, outcome already recorded")
         if admission.cached is not None:
             try:
@@ -224,7 +185,7 @@ class Processor:
             self._rate_limited()
             booked_message = replace(message, extra={**message.extra,
                                                      "slot": admission.slot_ms})
-            return self._park(booked_message, queue, admission.wait_ms, "rate limit")
+            return park(booked_message, queue, admission.wait_ms, "rate limit")
         if "slot" in message.extra:
             message = replace(message, extra={k: v for k, v in message.extra.items()
                                               if k != "slot"})
@@ -236,24 +197,24 @@ class Processor:
             metrics.FETCH_SECONDS.observe(response.elapsed_ms / 1000)
             metrics.FETCH_BYTES.inc(len(response.body))
         except FetchError as exc:
-            retime = (admission.permit, exc.sent_at)
-            failure = _Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")
+            retime = Retime(admission.permit, exc.sent_at)
+            failure = Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")
             if exc.transient:
                 return self._failed(url, message, queue, failure, retime=retime)
             return self._dead_letter(message, url, failure, retime=retime)
-        retime = (admission.permit, response.sent_at)
+        retime = Retime(admission.permit, response.sent_at)
         verdict = classify_status(response.status)
         if verdict == OK:
             return self._record(url, message, queue, response, done, cached=False, rules=rules,
                                 retime=retime)
-        failure = _Failure(f"http_{response.status}", status=response.status,
+        failure = Failure(f"http_{response.status}", status=response.status,
                            retry_after=response.headers.get("retry-after"))
         if verdict == PERMANENT:
             return self._dead_letter(message, url, failure, retime=retime)
         return self._failed(url, message, queue, failure, retime=retime)
 
     def _record(self, url: str, message: WorkMessage, queue: str, response: FetchResult,
-                done: tuple[str, int], *, cached: bool, rules: RobotsRules | None = None,
+                done: DoneMark, *, cached: bool, rules: RobotsRules | None = None,
                 retime: Retime | None = None) -> Outcome:
         """``done`` is the URL's done mark, as computed for the admit call."""
         with self._parse_slots:
@@ -261,7 +222,7 @@ class Processor:
                                           rules=rules, retime=retime)
 
     def _parse_and_record(self, url: str, message: WorkMessage, queue: str,
-                          response: FetchResult, done: tuple[str, int], *, cached: bool,
+                          response: FetchResult, done: DoneMark, *, cached: bool,
                           rules: RobotsRules | None, retime: Retime | None) -> Outcome:
         record: dict[str, Any] = {
             "url": url, "fetched_at": round(time.time(), 3), "worker": self.settings.worker_id,
@@ -297,14 +258,14 @@ class Processor:
                        + (" (cached)" if cached else ""))
 
     def _failed(self, url: str, message: WorkMessage, queue: str,
-                failure: _Failure, retime: Retime | None = None) -> Outcome:
+                failure: Failure, retime: Retime | None = None) -> Outcome:
         """A transient failure: count it in Redis, then retry later or give up."""
         key = failures_key(url)
         pipe = self.client.pipeline(transaction=True)
         pipe.incr(key)
         pipe.expire(key, self.settings.failures_ttl_s)
         if retime is not None:
-            retime_permit(pipe, *retime)
+            retime_permit(pipe, retime)
         failures = int(pipe.execute()[0])
         first_failure = message.extra.get("first_failure") or utc_now_iso()
         updated = replace(message, attempts=failures,
@@ -317,22 +278,10 @@ class Processor:
                                 retry_after_max_s=self.settings.retry_after_max_s)
         self.client.hincrby(COUNTERS, "retries", 1)
         metrics.RETRIES.inc()
-        return self._park(updated, queue, delay_s * 1000,
+        return park(updated, queue, delay_s * 1000,
                           f"retry {failures}/{self.settings.max_retries} after {failure.reason}")
 
-    def _park(self, message: WorkMessage, queue: str, delay_ms: float, why: str) -> Outcome:
-        """Send the message to the hold queue for the next hop of ``delay_ms``."""
-        level = topology.hold_level(delay_ms) or topology.HOLD_LEVELS_MS[0]
-        not_before = time.time() + delay_ms / 1000
-        current = message.extra.get("not_before")
-        if isinstance(current, int | float) and current > not_before:
-            not_before = current
-        parked = replace(message, extra={**message.extra, "not_before": round(not_before, 3)})
-        publish = Publish(topology.hold_name(level), queue, parked.to_json())
-        return Outcome("delay", message.url, (publish,),
-                       detail=f"{why}: held {level} ms of {delay_ms:.0f} ms")
-
-    def _dead_letter(self, message: WorkMessage, url: str, failure: _Failure, *,
+    def _dead_letter(self, message: WorkMessage, url: str, failure: Failure, *,
                      gave_up: bool = False, retime: Retime | None = None) -> Outcome:
         reason = "max_retries" if gave_up else failure.reason
         headers = dead_letter_headers(
@@ -345,15 +294,14 @@ class Processor:
         pipe = self.client.pipeline(transaction=False)
         pipe.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
         if retime is not None:
-            retime_permit(pipe, *retime)
+            retime_permit(pipe, retime)
         pipe.execute()
-        return Outcome("dead_letter", url, (Publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body,
-                                                    headers=headers),),
-                       detail=f"{reason} ({failure.reason})", mark_done=self._done_mark(url, message))
+        return dead_letter(url, body, headers, f"{reason} ({failure.reason})",
+                           mark_done=self._done_mark(url, message))
 
     def _retime_now(self, retime: Retime) -> None:
         pipe = self.client.pipeline(transaction=False)
-        retime_permit(pipe, *retime)
+        retime_permit(pipe, retime)
         if pipe.command_stack:
             pipe.execute()
 
@@ -361,27 +309,25 @@ class Processor:
         self.client.hincrby(COUNTERS, "rate_limited", 1)
         metrics.RATE_LIMIT_DELAYS.inc()
 
-    def _done_mark(self, url: str, message: WorkMessage) -> tuple[str, int]:
-        """(done-set key, member) of this message's outcome: the URL's, or for a recrawl
-        (a ``nonce`` in the message) that of this one refresh."""
+    def _done_mark(self, url: str, message: WorkMessage) -> DoneMark:
+        """The done mark of this message's outcome: the URL's, or for a recrawl (a ``nonce``
+        in the message) that of this one refresh."""
         nonce = message.extra.get("nonce")
-        fp = fingerprint(f"{url}#recrawl:{nonce}" if isinstance(nonce, str) else url)
-        return self.done.key(fp), fp.member
+        return self.done.mark_for(url, nonce if isinstance(nonce, str) else None)
 
     def _is_done(self, url: str, message: WorkMessage) -> bool:
-        key, member = self._done_mark(url, message)
-        return bool(self.client.sismember(key, member))
+        return self.done.contains(self._done_mark(url, message))
 
-    def mark_done(self, mark: tuple[str, int]) -> None:
-        """Record that a URL's outcome is final (called once its dead letter is confirmed)."""
-        self.client.sadd(mark[0], mark[1])
+    def close(self) -> None:
+        """Close what the processor opened: the fetch handles, crawl mode's producer."""
+        self.fetcher.close()
+        if self.follower is not None:
+            self.follower.close()
 
     def _dead_letter_raw(self, body: bytes, url: str, reason: str, error: str) -> Outcome:
         headers = dead_letter_headers(reason, last_error=error)
         self.client.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
-        return Outcome("dead_letter", url, (Publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body,
-                                                    headers=headers),),
-                       detail=f"{reason}: {error}")
+        return dead_letter(url, body, headers, f"{reason}: {error}")
 
 
 def _fingerprint_of(message: WorkMessage) -> Fingerprint | None:

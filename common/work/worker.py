@@ -5,15 +5,15 @@ Threads and ownership (pika is not thread-safe; see NOTES.md #6):
 * The main thread owns the AMQP connection. It runs ``process_data_events`` in a loop, which
   keeps heartbeats flowing however long a fetch takes, receives deliveries into a local
   priority buffer, publishes dead-letters/retries with asynchronous confirms, and acks.
-* ``concurrency`` fetch threads take deliveries from the buffer (priority_queue first), run
-  :class:`common.work.processor.Processor`, and append the outcome to a hand-over deque.
+* ``concurrency`` fetch threads (common/work/fetch_threads.py) take deliveries from a priority
+  buffer (priority_queue first), run the processor, and append the outcome to a hand-over
+  deque.
 * While every fetch thread has work, the main thread works in ticks (BUSY_TICK_S): it
   sleeps, then handles every pending AMQP event, outcome and confirm in one go. Waking for each
   frame and each outcome made the threads trade the GIL dozens of times per page (NOTES #26).
   Below that it blocks in ``process_data_events`` and fetch threads wake it when they finish.
 
-A delivery is acked only once its outcome is durable: the result is in Redis, or every message
-the outcome publishes is confirmed by the broker. A failed confirm nacks it back to its queue.
+A delivery is acked only once its outcome is durable (the ack ledger, common/work/acks.py).
 
 Stopping: the first SIGTERM/SIGINT cancels the consumers, returns not-yet-started deliveries to
 the broker, lets running fetches finish and be acked, then exits 0. A second signal exits at
@@ -24,15 +24,11 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
-import json
 import logging
 import os
-import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import pika
@@ -44,9 +40,13 @@ from common.broker.publisher import ConfirmingPublisher
 from common.core.backoff import reconnect_delay_s
 from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, REDIS_UNAVAILABLE, ServiceUnavailable
+from common.store.marks import DoneMark
 from common.work import metrics
+from common.work.acks import AckLedger, Delivery
+from common.work.fetch_threads import FetchThreads
 from common.work.heartbeat import Heartbeat
-from common.work.processor import Outcome, Processor
+from common.work.outcome import Outcome
+from common.work.processor import Processor
 
 logger = logging.getLogger(__name__)
 
@@ -54,17 +54,6 @@ SHUTDOWN_GRACE_S = 50.0  # below compose's stop_grace_period (60 s)
 _LOOP_TICK_S = 0.1
 #: While work is outstanding the I/O loop runs this often (acks wait at most this long).
 BUSY_TICK_S = 0.005
-_STOP_THREAD = object()
-
-
-@dataclass
-class Delivery:
-    tag: int
-    queue: str
-    body: bytes
-    generation: int
-    early_acked: bool
-    received_at: float
 
 
 class Worker:
@@ -73,22 +62,17 @@ class Worker:
         self.processor = processor
         self.processed = 0
         self.outcomes: dict[str, int] = {}
-        self._buffer: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
-        self._seq = itertools.count()
         self._stop = threading.Event()
+        self.threads = FetchThreads(settings.concurrency, processor, self._hand_over,
+                                    self._stop, SHUTDOWN_GRACE_S)
         self._generation = 0
         self._generation_started = False
         self._connection: pika.BlockingConnection | None = None
         self._channel: Any = None
         self._publisher: ConfirmingPublisher | None = None
-        self._inflight: dict[int, Delivery] = {}
-        self._acks: list[int] = []  # settled with an ack, not yet handed to the channel
-        self._awaiting: dict[int, list[bool]] = {}
-        self._marks: dict[int, tuple[str, int] | None] = {}
+        self.ledger = AckLedger(self._mark_done)
         self._last_delivery = time.monotonic()
         self._consumed_since_connect = False
-        self._threads: list[threading.Thread] = []
-        self._current: dict[str, bytes] = {}  # fetch thread name -> body it is working on
         self._completed: collections.deque[tuple[Delivery, Outcome | None]] = (
             collections.deque())
         self._done_lock = threading.Lock()
@@ -110,7 +94,7 @@ class Worker:
     def snapshot(self) -> dict[str, Any]:
         """What the heartbeat publishes about this worker."""
         return {"processed": self.processed, "outcomes": dict(self.outcomes),
-                "in_flight": len(self._inflight), "current": sorted(_peek_url(body) for body in list(self._current.values())),
+                "in_flight": len(self.ledger.inflight), "current": self.threads.current_urls(),
                 "concurrency": self.settings.concurrency}
 
     def install_signal_handlers(self) -> None:
@@ -119,7 +103,7 @@ class Worker:
 
     def run(self) -> int:
         """Consume until stopped or idle; returns the process exit code."""
-        self._start_threads()
+        self.threads.start()
         self.heartbeat.start()
         metrics.serve(self.settings.metrics_port)
         connected_once = False
@@ -146,9 +130,10 @@ class Worker:
                 finally:
                     connected_once = connected_once or self._generation_started
         finally:
-            self._stop_threads()
+            self.threads.stop()
             self._drop_connection()
             self.heartbeat.stop()
+            self.processor.close()
         logger.info("worker %s stopped after %d messages %s", self.settings.worker_id,
                     self.processed, self.outcomes)
         return 0
@@ -156,11 +141,7 @@ class Worker:
     # -- AMQP session (main thread) -------------------------------------------------------------
     def _session(self) -> None:
         self._generation += 1
-        self._inflight.clear()
-        self._acks.clear()
         self._outstanding = 0  # earlier deliveries are not drained: their channel is gone
-        self._awaiting.clear()
-        self._marks.clear()
         with self._done_lock:
             self._completed.clear()  # their channel is gone: the broker redelivers them
             self._wake_scheduled = False
@@ -170,6 +151,7 @@ class Worker:
         topology.declare(self._connection.channel())
         self._publisher = ConfirmingPublisher(self._connection)
         self._channel = self._connection.channel()
+        self.ledger.reset(self._channel._impl)
         self._channel.basic_qos(prefetch_count=self.settings.effective_prefetch)
         consumer_tags = []
         # Rank decides who a free fetch thread serves first: expired messages (a cheap Redis
@@ -184,7 +166,7 @@ class Worker:
         self._last_delivery = time.monotonic()
         while not self._stop.is_set():
             self._turn()
-            metrics.IN_FLIGHT.set(len(self._inflight))
+            metrics.IN_FLIGHT.set(len(self.ledger.inflight))
             if self._idle_expired():
                 logger.info("no message for %.1fs: idle exit", self.settings.idle_exit_s)
                 self._stop.set()
@@ -192,7 +174,7 @@ class Worker:
 
     def _idle_expired(self) -> bool:
         idle_s = self.settings.idle_exit_s
-        return (idle_s > 0 and not self._inflight
+        return (idle_s > 0 and not self.ledger.inflight
                 and time.monotonic() - self._last_delivery >= idle_s)
 
     def _on_delivery(self, rank: int, queue_name: str, generation: int, channel: Any,
@@ -205,10 +187,9 @@ class Worker:
             channel.basic_ack(method.delivery_tag)
         delivery = Delivery(method.delivery_tag, queue_name, body, generation, early,
                             time.monotonic())
-        if not early:
-            self._inflight[delivery.tag] = delivery
+        self.ledger.received(delivery)
         self._outstanding += 1
-        self._buffer.put((rank, next(self._seq), delivery))
+        self.threads.put(rank, delivery)
 
     def _turn(self) -> None:
         """One turn of the I/O loop: AMQP events, finished outcomes, confirms, acks.
@@ -230,7 +211,7 @@ class Worker:
             self._connection.process_data_events(time_limit=0 if pending else _LOOP_TICK_S)
         self._drain_completed()
         self._settle_confirms()
-        self._flush_acks()
+        self.ledger.flush()
 
     def _drain_completed(self) -> None:
         """Runs on the main thread: settle every outcome the fetch threads handed over."""
@@ -247,7 +228,7 @@ class Worker:
         if delivery.generation != self._generation:
             return  # its channel is gone; the broker redelivers it
         if outcome is None:
-            self._nack(delivery.tag)
+            self.ledger.nack(delivery.tag)
             return
         self.processed += 1
         self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
@@ -259,11 +240,10 @@ class Worker:
                    delivery.queue, outcome.url, outcome.kind, outcome.detail)
         if not outcome.publishes:
             if not delivery.early_acked:
-                self._ack(delivery.tag)
+                self.ledger.ack(delivery.tag)
             return
         assert self._publisher is not None
-        self._awaiting[delivery.tag] = []
-        self._marks[delivery.tag] = outcome.mark_done
+        self.ledger.expect_confirms(delivery.tag, outcome.mark_done)
         for publish in outcome.publishes:
             self._publisher.publish(publish.exchange, publish.routing_key, publish.body,
                                     token=(delivery.tag, len(outcome.publishes)),
@@ -272,92 +252,55 @@ class Worker:
     def _settle_confirms(self) -> None:
         if self._publisher is None:
             return
-        for confirm in self._publisher.take():
-            tag, expected = confirm.token
-            results = self._awaiting.get(tag)
-            if results is None:
-                continue
-            results.append(confirm.ok)
-            if len(results) < expected:
-                continue
-            del self._awaiting[tag]
-            mark = self._marks.pop(tag, None)
-            if all(results) and mark is not None:
-                self._mark_done(mark)
-            if tag not in self._inflight:
-                continue  # an early-acked delivery: nothing left to settle
-            if all(results):
-                self._ack(tag)
-            else:
-                logger.warning("publish for delivery %d not confirmed: returning it to its queue",
-                               tag)
-                self._nack(tag)
+        for tag in self.ledger.settle(self._publisher.take()):
+            logger.warning("publish for delivery %d not confirmed: returned it to its queue", tag)
 
-    def _mark_done(self, mark: tuple[str, int]) -> None:
+    def _mark_done(self, mark: DoneMark) -> None:
         # On the I/O thread, but rare (dead letters only) and one loopback SADD. If Redis is
         # away the mark is skipped: the delivery is acked anyway, so nothing is redelivered.
         try:
-            self.processor.mark_done(mark)
+            self.processor.done.add(mark)
         except REDIS_UNAVAILABLE as exc:
             logger.warning("could not mark a dead-lettered URL done (Redis: %s)", exc)
-
-    def _ack(self, tag: int) -> None:
-        self._inflight.pop(tag, None)
-        self._acks.append(tag)  # sent by _flush_acks at the end of this loop turn
-
-    def _flush_acks(self) -> None:
-        """Hand this loop turn's acks to the channel, as few frames as is safe.
-
-        Tags are per channel and increase with every delivery, so one ack with
-        ``multiple=True`` settles every outstanding tag up to it; that is safe below the
-        lowest tag still in flight (early-acked and nacked tags are no longer outstanding).
-        Acks above it go one by one, never held back: an ack waiting for a slow fetch would
-        shrink the prefetch window. The asynchronous channel underneath queues the frames and
-        the loop's next process_data_events writes them; BlockingChannel.basic_ack would flush
-        the socket for every single ack (NOTES.md #24, #26).
-        """
-        if not self._acks:
-            return
-        floor = min(self._inflight) if self._inflight else None
-        below = [tag for tag in self._acks if floor is None or tag < floor]
-        channel = self._channel._impl
-        if below:
-            channel.basic_ack(max(below), multiple=len(below) > 1)
-        if len(below) < len(self._acks):
-            for tag in self._acks:
-                if floor is not None and tag > floor:
-                    channel.basic_ack(tag)
-        self._acks.clear()
-
-    def _nack(self, tag: int) -> None:
-        self._inflight.pop(tag, None)
-        self._channel._impl.basic_nack(tag, requeue=True)
 
     def _graceful_shutdown(self, consumer_tags: list[str]) -> None:
         for tag in consumer_tags:
             self._channel.basic_cancel(tag)
         # Deliveries not started yet go straight back to the broker.
         returned = 0
-        while True:
-            try:
-                _rank, _seq, item = self._buffer.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, Delivery):
-                self._outstanding -= 1
-            if isinstance(item, Delivery) and not item.early_acked:
-                self._nack(item.tag)
+        for item in self.threads.take_unstarted():
+            self._outstanding -= 1
+            if not item.early_acked:
+                self.ledger.nack(item.tag)
                 returned += 1
         if returned:
             logger.info("returned %d unstarted deliveries to the broker", returned)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
-        self._flush_acks()
-        while (self._inflight or self._awaiting) and time.monotonic() < deadline:
+        self.ledger.flush()
+        while self.ledger.unsettled and time.monotonic() < deadline:
             self._turn()
-        if self._inflight:
+        if self.ledger.inflight:
             logger.warning("%d deliveries still running after %.0fs; the broker will redeliver",
-                           len(self._inflight), SHUTDOWN_GRACE_S)
+                           len(self.ledger.inflight), SHUTDOWN_GRACE_S)
         self._connection.close()
+
+    def _hand_over(self, delivery: Delivery, outcome: Outcome | None) -> None:
+        """Runs in a fetch thread: give the outcome to the I/O thread. A ticking I/O thread
+        (see _turn) takes it on its next tick; a waiting one is woken, once per batch (a write
+        to pika's wake-up socket)."""
+        connection = self._connection
+        if connection is None or delivery.generation != self._generation:
+            return  # its channel is gone: the broker redelivers it
+        with self._done_lock:
+            self._completed.append((delivery, outcome))
+            wake = not self._ticking and not self._wake_scheduled
+            self._wake_scheduled = self._wake_scheduled or wake
+        if wake:
+            try:
+                connection.add_callback_threadsafe(self._drain_completed)
+            except AMQP_CONNECTION_LOST as exc:
+                logger.warning("connection gone before %s could be settled: %s",
+                               delivery.tag, exc)
 
     def _drop_connection(self) -> None:
         connection, self._connection = self._connection, None
@@ -367,76 +310,3 @@ class Worker:
                 connection.close()
             except AMQP_CONNECTION_LOST as exc:
                 logger.debug("closing a broken connection: %s", exc)
-
-    # -- fetch threads --------------------------------------------------------------------------
-    def _start_threads(self) -> None:
-        for index in range(self.settings.concurrency):
-            thread = threading.Thread(target=self._thread_main, name=f"fetch-{index}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-
-    def _stop_threads(self) -> None:
-        for _ in self._threads:
-            self._buffer.put((-1, next(self._seq), _STOP_THREAD))
-        for thread in self._threads:
-            thread.join(timeout=SHUTDOWN_GRACE_S)
-
-    def _thread_main(self) -> None:
-        while True:
-            _rank, _seq, item = self._buffer.get()
-            if item is _STOP_THREAD:
-                return
-            name = threading.current_thread().name
-            try:
-                self._current[name] = item.body  # decoded only when a heartbeat reads it
-                outcome = self._process_with_redis_retry(item)
-            finally:
-                self._current.pop(name, None)
-            connection = self._connection
-            if connection is None or item.generation != self._generation:
-                continue  # its channel is gone: the broker redelivers it
-            # Hand the outcome to the I/O thread. A ticking I/O thread (see _turn) takes it
-            # on its next tick; a waiting one is woken, once per batch (a write to pika's
-            # wake-up socket).
-            with self._done_lock:
-                self._completed.append((item, outcome))
-                wake = not self._ticking and not self._wake_scheduled
-                self._wake_scheduled = self._wake_scheduled or wake
-            if wake:
-                try:
-                    connection.add_callback_threadsafe(self._drain_completed)
-                except AMQP_CONNECTION_LOST as exc:
-                    logger.warning("connection gone before %s could be settled: %s",
-                                   item.tag, exc)
-
-    def _process_with_redis_retry(self, delivery: Delivery) -> Outcome | None:
-        """Process a delivery; while Redis is down, hold it and retry instead of dropping it."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                if delivery.queue == topology.EXPIRED_QUEUE:
-                    return self.processor.process_expired(delivery.body)
-                return self.processor.process(delivery.body, delivery.queue)
-            except REDIS_UNAVAILABLE as exc:
-                if self._stop.is_set():
-                    logger.warning("Redis down during shutdown; returning delivery: %s", exc)
-                    return None
-                wait_s = reconnect_delay_s(attempt)
-                logger.warning("Redis unavailable (%s); holding delivery, retry in %.1fs",
-                               exc, wait_s)
-                time.sleep(wait_s)
-            except Exception as exc:  # noqa: BLE001 - any bug in processing, see below
-                # A bug must not crash-loop the fleet on one message: log it with its
-                # traceback and dead-letter the message with the exception class.
-                logger.exception("unexpected error processing delivery from %s", delivery.queue)
-                return self.processor.worker_error(delivery.body, exc)
-
-
-def _peek_url(body: bytes) -> str:
-    """The message's URL for the heartbeat's "current" list (best effort, no validation)."""
-    try:
-        url = json.loads(body).get("url")
-    except (ValueError, AttributeError, RecursionError):
-        return "<unparsable>"
-    return url if isinstance(url, str) else "<unparsable>"

@@ -1,4 +1,5 @@
-"""Sitemap producer: discovery, formats, --since/--max-urls, dedupe, hostile input, CLI.
+"""Sitemap producer: discovery, the formats end to end, --since/--max-urls, dedupe, hostile
+input, CLI. Parsing alone (no services) is tests/intake/test_sitemap_files.py.
 
 Each test serves its sitemaps from a fresh loopback :class:`TestSite` (``sitemap_site``)
 rather than the session site: these tests need their own ``/robots.txt``, and a route set on
@@ -8,33 +9,28 @@ the session site would stay for every later test of the session.
 from __future__ import annotations
 
 import gzip
+import json
 import re
-import resource
 from collections.abc import Iterator
 
 import pytest
 
 from common.broker.messages import WorkMessage
 from common.core.config import Settings
-from common.intake import sitemaps
 from common.intake.producer import Producer
 from common.intake.sitemaps import (
     MAX_INDEX_DEPTH,
-    MAX_URLS_PER_SITEMAP,
-    SitemapError,
     SitemapReader,
     SiteReport,
-    parse_date,
     parse_since,
-    parse_sitemap,
     produce_site,
 )
+from common.store.keys import robots_key
 from devtools.testsite import TestSite
 from tests.helpers import drain, queue_depth
+from tests.intake.sitemap_bodies import NS, billion_laughs, gzip_bomb, index, urlset
 
-NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
 QUEUES = ("url_queue_ttl", "priority_queue", "failed_urls")
-MB = 1024 * 1024
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -44,25 +40,6 @@ MB = 1024 * 1024
 def sitemap_site() -> Iterator[TestSite]:
     with TestSite(pages=5) as site:
         yield site
-
-
-def _sitemap_xml(root: str, item: str, entries: tuple[str | tuple[str, str], ...]) -> bytes:
-    """``<root>`` holding one ``<item>`` per entry; an entry is a URL or (URL, lastmod)."""
-    items = []
-    for entry in entries:
-        url, lastmod = (entry, None) if isinstance(entry, str) else entry
-        date = f"<lastmod>{lastmod}</lastmod>" if lastmod else ""
-        items.append(f"<{item}><loc>{url}</loc>{date}</{item}>")
-    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="{NS}">\n'
-            + "\n".join(items) + f"\n</{root}>\n").encode()
-
-
-def urlset(*entries: str | tuple[str, str]) -> bytes:
-    return _sitemap_xml("urlset", "url", entries)
-
-
-def index(*children: str | tuple[str, str]) -> bytes:
-    return _sitemap_xml("sitemapindex", "sitemap", children)
 
 
 def serve(site: TestSite, path: str, body: bytes, content_type: str = "application/xml",
@@ -88,17 +65,6 @@ def read_site(settings: Settings, redis_client, target: str, **options) -> SiteR
     reader = SitemapReader(settings, redis_client)
     with Producer(settings, redis_client) as producer:
         return produce_site(target, reader, producer, **options)
-
-
-def gzip_bomb(payload_mb: int = 60, xml: bool = False) -> bytes:
-    """``payload_mb`` MB that gzip to a few dozen KB: zeros, or an urlset padded with
-    harmless elements (so the parser keeps going until the size cap stops it)."""
-    chunk = 4 * 1024
-    filler = (b"<x>" + b" " * (chunk - 7) + b"</x>") if xml else b"\0" * chunk
-    head = f'<urlset xmlns="{NS}"><url><loc>http://127.0.0.1:9/bomb</loc></url>'.encode()
-    out = gzip.compress(head if xml else b"", 9)
-    block = gzip.compress(filler * 256, 9)  # one 1 MB member; members in a row are one file
-    return out + block * payload_mb
 
 
 # -- discovery and formats --------------------------------------------------------------------
@@ -145,6 +111,34 @@ def test_site_with_no_sitemap_at_all_is_one_clear_error(settings, redis_client, 
     assert report.sitemaps == 0
     [error] = report.errors
     assert "no sitemap found" in error and "HTTP 404" in error
+
+
+def test_robots_txt_the_reader_fetched_is_stored_for_the_fleet(settings, redis_client,
+                                                               sitemap_site):
+    site = sitemap_site
+    site.route("/robots.txt", lambda _r: (200, {"Content-Type": "text/plain"},
+                                          b"User-agent: *\nDisallow: /private\n"))
+    serve(site, "/sitemap.xml", urlset(*pages(site, "a", 2)))
+
+    first = read_site(settings, redis_client, site.url("/"))
+    second = read_site(settings, redis_client, site.url("/"))  # a new reader: Redis, not memory
+
+    assert (first.errors, second.errors) == ([], [])
+    assert site.count("/robots.txt") == 1
+    stored = json.loads(redis_client.get(robots_key(site.base_url)))
+    assert (stored["status"], stored["body"]) == ("ok", "User-agent: *\nDisallow: /private\n")
+
+
+def test_a_site_the_address_guard_refuses_is_one_error_and_stores_no_robots_entry(
+        settings, redis_client, sitemap_site):
+    report = read_site(settings.with_overrides(fetch_allow_networks=()), redis_client,
+                       sitemap_site.url("/"))
+
+    [error] = report.errors
+    assert "no sitemap found" in error and "fetch failed (blocked)" in error
+    assert sitemap_site.log == []
+    # Nothing is known about the site: no "unavailable" entry for the workers to retry on.
+    assert redis_client.get(robots_key(sitemap_site.base_url)) is None
 
 
 def test_sitemap_url_given_directly_is_read_without_robots_txt(
@@ -313,35 +307,6 @@ def test_xxe_sitemap_cannot_read_a_local_file_or_fetch_a_dtd(run_cli, amqp_chann
     assert [WorkMessage.from_json(b).url for b in bodies] == [site.url("/x/dtd")]
 
 
-def billion_laughs(levels: int = 10) -> bytes:
-    entities = ['<!ENTITY lol0 "lol">'] + [
-        f'<!ENTITY lol{i} "{f"&lol{i - 1};" * 10}">' for i in range(1, levels)]
-    return (f'<?xml version="1.0"?>\n<!DOCTYPE urlset [\n{chr(10).join(entities)}\n]>\n'
-            f'<urlset xmlns="{NS}"><url><loc>http://127.0.0.1:9/&lol{levels - 1};</loc>'
-            f'</url></urlset>').encode()
-
-
-@pytest.mark.parametrize(("levels", "padding", "message"), [
-    (10, 0, "DOCTYPE declares entities"),
-    # Past the byte pre-check, libxml2's own amplification limit stops the full bomb ...
-    (10, 3 * MB, "entity amplification"),
-    # ... and a small one, under that limit, is refused by the check on the parsed DTD.
-    (3, 3 * MB, "DOCTYPE declares entities"),
-], ids=["doctype-first", "doctype-after-3mb", "small-doctype-after-3mb"])
-def test_billion_laughs_is_refused_without_expanding(levels, padding, message):
-    doc = billion_laughs(levels)
-    if padding:
-        doc = doc.replace(b"?>\n", b"?>\n" + b" " * padding, 1)
-    before_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-    with pytest.raises(SitemapError, match=message) as caught:
-        parse_sitemap(doc, "http://127.0.0.1:9/sitemap.xml")
-
-    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before_kb) / 1024
-    assert grown_mb < 64, f"peak memory grew by {grown_mb:.0f} MB: entities were expanded?"
-    assert "lollol" not in str(caught.value)
-
-
 def test_billion_laughs_sitemap_is_an_error_and_publishes_nothing(
         settings, redis_client, amqp_channel, sitemap_site):
     serve(sitemap_site, "/lol.xml", billion_laughs())
@@ -425,47 +390,6 @@ def test_indexes_nested_deeper_than_the_cap_are_an_error(settings, redis_client,
     [error] = report.errors
     assert "nested deeper than" in error
     assert site.count(f"/level{MAX_INDEX_DEPTH + 1}.xml") == 0
-
-
-@pytest.mark.parametrize("kind", ["xml", "text"])
-def test_one_file_gives_at_most_50000_urls(kind):
-    urls = [f"http://127.0.0.1:9/u/{i}" for i in range(MAX_URLS_PER_SITEMAP + 5)]
-    body = urlset(*urls) if kind == "xml" else "\n".join(urls).encode()
-
-    sitemap = parse_sitemap(body, "http://127.0.0.1:9/sitemap")
-
-    assert len(sitemap.pages) == MAX_URLS_PER_SITEMAP and sitemap.truncated
-    assert sitemap.pages[-1].url == urls[MAX_URLS_PER_SITEMAP - 1]
-
-
-def test_a_flood_of_tiny_elements_is_refused_at_the_element_cap(monkeypatch):
-    monkeypatch.setattr(sitemaps, "MAX_XML_ELEMENTS", 10_000)
-    body = urlset("http://127.0.0.1:9/a").replace(b"</url>", b"<x>" + b"<a/>" * 20_000
-                                                   + b"</x></url>")
-
-    with pytest.raises(SitemapError, match="more than 10000 XML elements"):
-        parse_sitemap(body, "http://127.0.0.1:9/sitemap.xml")
-
-
-def test_a_file_of_countless_empty_gzip_members_is_refused():
-    with pytest.raises(SitemapError, match="gzip members"):
-        parse_sitemap(gzip.compress(b"") * 1_000_000, "http://127.0.0.1:9/sitemap.xml.gz")
-
-
-@pytest.mark.parametrize(("raw", "expected"), [
-    ("2024", "2024-01-01T00:00:00+00:00"),
-    ("2024-05", "2024-05-01T00:00:00+00:00"),
-    ("2024-05-02", "2024-05-02T00:00:00+00:00"),
-    ("2024-05-02T10:30Z", "2024-05-02T10:30:00+00:00"),
-    ("2024-05-02T10:30:15.5+02:00", "2024-05-02T10:30:15.500000+02:00"),
-    ("Thu, 02 May 2024 10:30:00 GMT", "2024-05-02T10:30:00+00:00"),
-    ("soon", None),
-    ("", None),
-])
-def test_sitemap_and_feed_dates_are_read_as_aware_datetimes(raw, expected):
-    value = parse_date(raw)
-
-    assert (value.isoformat() if value else None) == expected
 
 
 # -- the command line -------------------------------------------------------------------------

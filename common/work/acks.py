@@ -1,0 +1,126 @@
+"""The ack ledger of one AMQP channel: which deliveries are in flight, which wait for publisher
+confirms, and which acks the I/O loop still owes the broker.
+
+A delivery is acked only once its outcome is durable: at once when the result is already in
+Redis, or once every message its outcome published (a hold-queue hop, a dead letter) is
+confirmed. A failed confirm nacks it back to its queue. The ledger lives on the I/O thread
+(pika is not thread-safe) and is cleared with each new channel: delivery tags of an old channel
+are void, and the broker redelivers whatever that channel left unacked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from common.broker.publisher import Confirm
+from common.store.marks import DoneMark
+
+
+@dataclass
+class Delivery:
+    """One message received from a work queue, as a fetch thread gets it."""
+
+    tag: int
+    queue: str
+    body: bytes
+    generation: int  # the worker's channel generation it arrived on
+    early_acked: bool  # acked on receipt (PRIORITY_AUTO_ACK)
+    received_at: float
+
+
+class AckLedger:
+    """Acks, nacks and confirm bookkeeping for the current channel.
+
+    Args:
+        mark_done: called with a delivery's done mark once every publish of its outcome is
+            confirmed (dead letters), before the delivery is acked.
+    """
+
+    def __init__(self, mark_done: Callable[[DoneMark], None]) -> None:
+        self.inflight: dict[int, Delivery] = {}
+        self._mark_done = mark_done
+        self._channel: Any = None  # pika's asynchronous channel under the BlockingChannel
+        self._acks: list[int] = []  # settled with an ack, not yet handed to the channel
+        self._awaiting: dict[int, list[bool]] = {}  # tag -> confirm results so far
+        self._marks: dict[int, DoneMark | None] = {}
+
+    def reset(self, channel: Any) -> None:
+        """Start over on a new channel (the old one's tags are void)."""
+        self._channel = channel
+        self.inflight.clear()
+        self._acks.clear()
+        self._awaiting.clear()
+        self._marks.clear()
+
+    @property
+    def unsettled(self) -> bool:
+        """Deliveries still in flight or publishes still waiting for their confirm."""
+        return bool(self.inflight or self._awaiting)
+
+    def received(self, delivery: Delivery) -> None:
+        if not delivery.early_acked:
+            self.inflight[delivery.tag] = delivery
+
+    def expect_confirms(self, tag: int, mark: DoneMark | None) -> None:
+        """The outcome of delivery ``tag`` is being published: settle it on the confirms."""
+        self._awaiting[tag] = []
+        self._marks[tag] = mark
+
+    def settle(self, confirms: Iterable[Confirm]) -> list[int]:
+        """Take publisher confirms (token ``(tag, expected)``); ack each delivery whose every
+        publish is confirmed, nack it when one failed. Returns the nacked tags."""
+        nacked = []
+        for confirm in confirms:
+            tag, expected = confirm.token
+            results = self._awaiting.get(tag)
+            if results is None:
+                continue
+            results.append(confirm.ok)
+            if len(results) < expected:
+                continue
+            del self._awaiting[tag]
+            mark = self._marks.pop(tag, None)
+            if all(results) and mark is not None:
+                self._mark_done(mark)
+            if tag not in self.inflight:
+                continue  # an early-acked delivery: nothing left to settle
+            if all(results):
+                self.ack(tag)
+            else:
+                self.nack(tag)
+                nacked.append(tag)
+        return nacked
+
+    def ack(self, tag: int) -> None:
+        self.inflight.pop(tag, None)
+        self._acks.append(tag)  # sent by flush() at the end of this loop turn
+
+    def nack(self, tag: int) -> None:
+        """Return delivery ``tag`` to its queue at once."""
+        self.inflight.pop(tag, None)
+        self._channel.basic_nack(tag, requeue=True)
+
+    def flush(self) -> None:
+        """Hand this loop turn's acks to the channel, as few frames as is safe.
+
+        Tags are per channel and increase with every delivery, so one ack with
+        ``multiple=True`` settles every outstanding tag up to it; that is safe below the
+        lowest tag still in flight (early-acked and nacked tags are no longer outstanding).
+        Acks above it go one by one, never held back: an ack waiting for a slow fetch would
+        shrink the prefetch window. The asynchronous channel queues the frames and the loop's
+        next ``process_data_events`` writes them; BlockingChannel.basic_ack would flush the
+        socket for every single ack (NOTES.md #24, #26).
+        """
+        if not self._acks:
+            return
+        floor = min(self.inflight) if self.inflight else None
+        below = [tag for tag in self._acks if floor is None or tag < floor]
+        if below:
+            self._channel.basic_ack(max(below), multiple=len(below) > 1)
+        if len(below) < len(self._acks):
+            for tag in self._acks:
+                if floor is not None and tag > floor:
+                    self._channel.basic_ack(tag)
+        self._acks.clear()

@@ -1,0 +1,80 @@
+"""Outcomes: what the I/O thread must publish, durably, before it may ack a delivery.
+
+A fetch thread decides an :class:`Outcome` for each delivery; the I/O thread carries it out
+(common/work/worker.py) and acks once it is durable:
+
+* ``result``        the result is already in Redis: ack;
+* ``delay``         publish the message to a hold queue (rate limit, backoff, robots busy): ack
+                    once confirmed. Delayed, never dropped, never busy-waited;
+* ``dead_letter``   publish to ``failed_urls`` with headers (common/broker/deadletter.py): ack
+                    once confirmed;
+* ``released``      an expired message whose fingerprint was released: ack;
+* ``already_done``  a redelivery of a URL whose outcome is recorded: ack, nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from common.broker import topology
+from common.broker.deadletter import DLQ_EXCHANGE, DLQ_ROUTING_KEY
+from common.broker.messages import WorkMessage
+from common.store.marks import DoneMark
+
+OutcomeKind = Literal["result", "delay", "dead_letter", "released", "already_done"]
+
+
+@dataclass(frozen=True)
+class Publish:
+    """A message the I/O thread must publish (with confirm) before acking the delivery."""
+
+    exchange: str
+    routing_key: str
+    body: bytes
+    headers: dict[str, Any] | None = None
+    expiration_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: OutcomeKind
+    url: str
+    publishes: tuple[Publish, ...] = field(default=())
+    detail: str = ""
+    #: The URL's done mark, set once the publishes are confirmed (dead letters), so a
+    #: redelivery of the same message does not dead-letter the URL twice.
+    mark_done: DoneMark | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed attempt: what to put in the dead-letter headers and how to retry."""
+
+    reason: str
+    status: int | None = None
+    error: str | None = None
+    retry_after: str | None = None
+
+
+def park(message: WorkMessage, queue: str, delay_ms: float, why: str) -> Outcome:
+    """Send ``message`` to the hold queue for the next hop of ``delay_ms``; it comes back to
+    ``queue`` then, and waits out the rest of the delay (``not_before``) hop by hop."""
+    level = topology.hold_level(delay_ms) or topology.HOLD_LEVELS_MS[0]
+    not_before = time.time() + delay_ms / 1000
+    current = message.extra.get("not_before")
+    if isinstance(current, int | float) and current > not_before:
+        not_before = current
+    parked = replace(message, extra={**message.extra, "not_before": round(not_before, 3)})
+    publish = Publish(topology.hold_name(level), queue, parked.to_json())
+    return Outcome("delay", message.url, (publish,),
+                   detail=f"{why}: held {level} ms of {delay_ms:.0f} ms")
+
+
+def dead_letter(url: str, body: bytes, headers: dict[str, Any], detail: str,
+                mark_done: DoneMark | None = None) -> Outcome:
+    """Publish ``body`` to ``failed_urls`` with its dead-letter ``headers``."""
+    return Outcome("dead_letter", url, (Publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body,
+                                                headers=headers),),
+                   detail=detail, mark_done=mark_done)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from datetime import datetime
 
 from common.core.config import Settings
 from common.core.errors import InvalidURL
@@ -30,31 +29,14 @@ from common.ops.progress import Progress
 from common.store.connection import connect_redis
 
 
-def _since(raw: str) -> datetime:
-    try:
-        return parse_since(raw)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}")
-    return value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Seed URLs into the fleet from sitemaps.")
     parser.add_argument("targets", nargs="+", metavar="URL",
                         help="a site root (https://host/) or a sitemap/feed URL")
-    parser.add_argument("--since", type=_since, metavar="DATE",
+    parser.add_argument("--since", type=cli.argument(parse_since), metavar="DATE",
                         help="keep entries dated at/after DATE (YYYY-MM-DD or ISO datetime, "
                              "UTC if no zone) and undated ones")
-    parser.add_argument("--max-urls", type=_positive, metavar="N",
+    parser.add_argument("--max-urls", type=cli.positive_int, metavar="N",
                         help="submit at most N URLs per site")
     parser.add_argument("--priority", action="store_true", help="send every URL to priority_queue")
     parser.add_argument("--json", action="store_true", help="print each summary as JSON")

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import redis
@@ -37,12 +38,12 @@ from common.core.urls import Fingerprint, canonicalize, domain_of, fingerprint
 from common.intake.crawl import LinkFollower
 from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import COUNTERS, failures_key
-from common.store.marks import DoneMark, Retime
+from common.store.marks import DoneMark, Permit, Retime
 from common.store.results import ResultStore
 from common.web import cache as response_cache
 from common.web.fetch import Fetcher, FetchResult
 from common.web.ratelimit import RateLimiter, retime_permit
-from common.web.robots import RobotsRules, RobotsStore, entry_for_response, origin_of
+from common.web.robots import RobotsRules, RobotsStore, origin_of
 from common.work import metrics
 from common.work.outcome import Failure, Outcome, dead_letter, park
 from common.work.parse import NotHTML, is_html, parse_html
@@ -145,20 +146,23 @@ class Processor:
                 self._rate_limited()
                 return park(message, queue, admission.wait_ms, "rate limit (robots.txt)")
             try:
-                response = self.fetcher.fetch(origin + "/robots.txt", accept_any_type=True)
-                entry = entry_for_response(response.status, response.body)
-                self._retime_now(Retime(admission.permit, response.sent_at))
-            except FetchError as exc:
-                self._retime_now(Retime(admission.permit, exc.sent_at))
-                if exc.kind == "blocked":  # the page is on the same origin: refused as well
-                    return self._dead_letter(message, url, Failure(
-                        "fetch_blocked", error=f"{exc.kind}: {exc}"))
-                entry = entry_for_response(None, b"", f"{exc.kind}: {exc}")
-            self.robots.put(origin, entry)
-            logger.info("robots.txt for %s: %s %s", origin, entry.status, entry.detail)
+                self.robots.refresh(origin, partial(self._fetch_with_permit, admission.permit))
+            except FetchError as exc:  # blocked: the page is on the same origin, refused too
+                return self._dead_letter(message, url, Failure(
+                    "fetch_blocked", error=f"{exc.kind}: {exc}"))
             return None
         finally:
             self.robots.unlock(origin)
+
+    def _fetch_with_permit(self, permit: Permit | None, url: str) -> FetchResult:
+        """Fetch ``url`` (any content type) and move ``permit`` to its send time."""
+        try:
+            response = self.fetcher.fetch(url, accept_any_type=True)
+        except FetchError as exc:
+            self._retime_now(Retime(permit, exc.sent_at))
+            raise
+        self._retime_now(Retime(permit, response.sent_at))
+        return response
 
     def _admit_and_fetch(self, url: str, message: WorkMessage, queue: str,
                          rules: RobotsRules | None) -> Outcome:

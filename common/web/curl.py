@@ -1,0 +1,232 @@
+"""libcurl's side of one fetch: the easy handle's options and the callbacks that run inside it.
+
+:class:`common.web.fetch.Fetcher` is the policy: which URL, the deadline, following redirects,
+what an error means. This module is what happens within one request (one redirect hop), while
+``curl.perform()`` runs and libcurl calls back into Python (GIL re-acquired) in the fetching
+thread. :class:`Transfer` holds those callbacks and what they saw:
+
+* open-socket: every address libcurl is about to connect to, after resolving the host, goes
+  through the fetcher's address guard; a refused one gets no socket.
+* header: counts header bytes (MAX_HEADER_BYTES) and lines (MAX_HEADER_LINES) against the caps
+  and, at the end of the headers, decides before a byte of the body is read: a redirect, an
+  unwanted content type or an unsupported Content-Encoding ends the transfer.
+* write: decodes gzip/deflate here (libcurl's own decoding is off: it refuses multi-member
+  gzip), a bounded piece at a time, so a compression bomb stops at the body cap
+  (MAX_BODY_BYTES) rather than after inflating; a longer body is cut at the cap.
+
+A callback ends the transfer by returning fewer bytes than it was given and records why in
+:attr:`Transfer.stop`; the fetcher reads that once ``perform()`` returns. :func:`new_easy_handle`
+sets the options that hold for every request of a thread's handle: http(s) only, no proxy or
+.netrc from the environment, the Accept headers, the stalled-read timeout, the callbacks.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import zlib
+from typing import Protocol
+
+import certifi
+import pycurl
+
+from common.core.config import Settings
+from common.web.netguard import AddressGuard
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+# http.client's limit, which the fleet had before libcurl: more header lines than this is an
+# abuse, whatever their size.
+MAX_HEADER_LINES = 100
+_ABORT = 0  # a callback returning fewer bytes than it was given stops the transfer
+
+
+class Owner(Protocol):
+    """What the callbacks read from the :class:`~common.web.fetch.Fetcher` they work for."""
+
+    settings: Settings
+    guard: AddressGuard
+
+    def wanted(self, content_type: str | None) -> bool: ...
+
+
+class _Decoder:
+    """Content-Encoding gzip (members in a row are one stream, as RFC 1952 says) or deflate
+    (zlib-wrapped or raw, as servers send both), producing at most ``limit`` bytes a call so a
+    bomb never inflates past the body cap. libcurl's own decoding refuses multi-member gzip."""
+
+    def __init__(self, encoding: str) -> None:
+        self.gzip = encoding in ("gzip", "x-gzip")
+        self._wbits = zlib.MAX_WBITS | 16 if self.gzip else zlib.MAX_WBITS
+        self._obj = zlib.decompressobj(self._wbits)
+        self._started = False
+
+    def decode(self, data: bytes, limit: int) -> bytes:
+        """Decode ``data``; stops once more than ``limit`` bytes came out. Raises zlib.error."""
+        out: list[bytes] = []
+        produced = 0
+        while data and produced <= limit:
+            try:
+                piece = self._obj.decompress(data, limit - produced + 1)
+            except zlib.error:
+                if self.gzip or self._started:
+                    raise
+                # 'deflate' without the zlib wrapper: start again as a raw stream.
+                self._wbits = -zlib.MAX_WBITS
+                self._obj = zlib.decompressobj(self._wbits)
+                piece = self._obj.decompress(data, limit - produced + 1)
+            self._started = True
+            out.append(piece)
+            produced += len(piece)
+            if self._obj.unconsumed_tail:
+                data = self._obj.unconsumed_tail  # only left when the limit was reached
+                continue
+            data = self._obj.unused_data if self._obj.eof else b""
+            if data:
+                if not self.gzip:
+                    break  # bytes after the end of a deflate stream: ignored, as zlib does
+                self._obj = zlib.decompressobj(self._wbits)  # the next gzip member
+        return b"".join(out)
+
+
+class Transfer:
+    """What libcurl's callbacks see of one request (one hop); reset before each."""
+
+    __slots__ = ("fetcher", "accept_any_type", "status", "header_lines", "header_bytes",
+                 "chunks", "size", "stop", "detail", "decoder", "refused", "attempted")
+
+    def __init__(self, fetcher: Owner) -> None:
+        self.fetcher = fetcher
+        self.reset(False)
+
+    def reset(self, accept_any_type: bool) -> None:
+        self.accept_any_type = accept_any_type
+        self.status = 0
+        self.header_lines: list[bytes] = []
+        self.header_bytes = 0
+        self.chunks: list[bytes] = []
+        self.size = 0
+        # Why a callback ended the transfer early: redirect, content_type, truncated (normal
+        # endings) or headers_too_large, invalid (errors, explained in ``detail``).
+        self.stop: str | None = None
+        self.detail = ""
+        self.decoder: _Decoder | None = None
+        self.refused: list[str] = []  # addresses the guard refused
+        self.attempted: list[str] = []  # addresses the guard allowed
+
+    # -- libcurl callbacks (run in the fetching thread, GIL re-acquired) -----------------------
+    def open_socket(self, _purpose: int, address: tuple) -> socket.socket | int:
+        family, socktype, protocol, sockaddr = address
+        host = sockaddr[0]
+        if not self.fetcher.guard.allowed(host):
+            self.refused.append(host)
+            return pycurl.SOCKET_BAD
+        self.attempted.append(host)
+        return socket.socket(family, socktype, protocol)
+
+    def header(self, line: bytes) -> int | None:
+        self.header_bytes += len(line)
+        settings = self.fetcher.settings
+        if self.header_bytes > settings.max_header_bytes:
+            self.stop = "headers_too_large"
+            self.detail = f"response headers over {settings.max_header_bytes} bytes " \
+                          "(MAX_HEADER_BYTES)"
+            return _ABORT
+        if line.startswith(b"HTTP/"):  # a status line; after a 1xx another one follows
+            parts = line.split(None, 2)
+            self.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+            self.header_lines = []
+            return None
+        if line not in (b"\r\n", b"\n"):
+            self.header_lines.append(line)
+            if len(self.header_lines) > MAX_HEADER_LINES:
+                self.stop = "headers_too_large"
+                self.detail = f"more than {MAX_HEADER_LINES} response header lines"
+                return _ABORT
+            return None
+        if 100 <= self.status < 200:
+            return None  # the end of an interim response: the real one follows
+        # End of the headers: decide before libcurl reads a byte of the body.
+        if self.status in _REDIRECTS and any(h[:9].lower() == b"location:"
+                                             for h in self.header_lines):
+            self.stop = "redirect"
+            return _ABORT
+        if not self.accept_any_type and not self.fetcher.wanted(self.content_type()):
+            self.stop = "content_type"
+            return _ABORT
+        encoding = self.header_value(b"content-encoding:")
+        if encoding is not None:
+            encoding = encoding.strip().lower()
+            if encoding in ("gzip", "x-gzip", "deflate"):
+                self.decoder = _Decoder(encoding)
+            elif encoding not in ("", "identity"):
+                self.stop = "invalid"  # we only offer gzip and deflate
+                self.detail = f"unsupported Content-Encoding {encoding[:40]!r}"
+                return _ABORT
+        return None
+
+    def write(self, data: bytes) -> int | None:
+        chunk = data
+        if self.decoder is not None:
+            try:
+                chunk = self.decoder.decode(data, self.fetcher.settings.max_body_bytes
+                                            - self.size)
+            except zlib.error as exc:
+                self.stop = "invalid"
+                self.detail = f"bad {'gzip' if self.decoder.gzip else 'deflate'} body: {exc}"
+                return _ABORT
+        self.size += len(chunk)
+        if self.size > self.fetcher.settings.max_body_bytes:
+            self.chunks.append(chunk[:len(chunk) - (self.size - self.fetcher.settings
+                                                     .max_body_bytes)])
+            self.stop = "truncated"
+            return _ABORT
+        self.chunks.append(chunk)
+        return None
+
+    # -- reading the response ------------------------------------------------------------------
+    def headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for line in self.header_lines:
+            name, sep, value = line.decode("latin-1").partition(":")
+            if not sep:
+                continue
+            name = name.strip().lower()
+            value = value.strip()
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        return headers
+
+    def content_type(self) -> str | None:
+        return self.header_value(b"content-type:")
+
+    def header_value(self, prefix: bytes) -> str | None:
+        """The first header whose lower-cased line starts with ``prefix`` (``b"name:"``)."""
+        size = len(prefix)
+        for line in self.header_lines:
+            if line[:size].lower() == prefix:
+                return line[size:].decode("latin-1").strip()
+        return None
+
+
+def new_easy_handle(settings: Settings, transfer: Transfer) -> pycurl.Curl:
+    """A libcurl easy handle set up for the fleet, its callbacks bound to ``transfer``."""
+    curl = pycurl.Curl()
+    curl.setopt(pycurl.NOSIGNAL, 1)  # threads: no SIGALRM for DNS timeouts
+    curl.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
+    curl.setopt(pycurl.FOLLOWLOCATION, 0)
+    curl.setopt(pycurl.PROXY, "")  # never a proxy from http_proxy & co
+    curl.setopt(pycurl.NETRC, pycurl.NETRC_IGNORED)
+    curl.setopt(pycurl.CAINFO, certifi.where())
+    curl.setopt(pycurl.USERAGENT, settings.user_agent)
+    # We decode (see _Decoder): the write callback counts decoded bytes against the cap.
+    curl.setopt(pycurl.HTTPHEADER,
+                ["Accept: text/html,application/xhtml+xml;q=0.9,*/*;q=0.5",
+                 "Accept-Encoding: gzip, deflate"])
+    curl.setopt(pycurl.HTTP_CONTENT_DECODING, 0)
+    curl.setopt(pycurl.OPENSOCKETFUNCTION, transfer.open_socket)
+    curl.setopt(pycurl.HEADERFUNCTION, transfer.header)
+    curl.setopt(pycurl.WRITEFUNCTION, transfer.write)
+    # A read that stalls: under 1 byte/s for READ_TIMEOUT_S (whole seconds) fails.
+    curl.setopt(pycurl.LOW_SPEED_LIMIT, 1)
+    curl.setopt(pycurl.LOW_SPEED_TIME, max(1, math.ceil(settings.read_timeout_s)))
+    curl.setopt(pycurl.MAXCONNECTS, 32)  # idle keep-alive connections kept per thread
+    return curl

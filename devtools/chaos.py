@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import random
@@ -44,6 +45,8 @@ from common.core.urls import canonicalize
 from common.ops.dlq import browse
 from devtools.services import LocalRabbitMQ, LocalRedis
 from devtools.testsite import TestSite, start_sites
+
+logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_RETRIES = 3
@@ -161,8 +164,8 @@ class Probe:
                 results = int(client.xlen("results"))
             finally:
                 client.close()
-        except redis.RedisError:
-            pass
+        except redis.RedisError as exc:
+            logger.debug("results not sampled, Redis away: %s", exc)
         try:
             connection = pika.BlockingConnection(self.broker.connection_parameters(
                 connection_attempts=1, socket_timeout=2, blocked_connection_timeout=2))
@@ -171,8 +174,8 @@ class Probe:
                     topology.FAILED_QUEUE, passive=True).method.message_count
             finally:
                 connection.close()
-        except pika.exceptions.AMQPError:
-            pass
+        except pika.exceptions.AMQPError as exc:
+            logger.debug("dead letters not sampled, broker away: %s", exc)
         self.last = (results, dead)
         return self.last
 

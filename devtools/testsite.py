@@ -33,8 +33,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from urllib.parse import urlsplit
+
+from devtools.services.base import Managed
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class _Server(ThreadingHTTPServer):
         logger.debug("test site: error serving %s", client_address, exc_info=True)
 
 
-class TestSite:
+class TestSite(Managed):
     """A threaded HTTP server with deterministic pages and a request log.
 
     Args:
@@ -150,17 +151,6 @@ class TestSite:
             self._thread.join(timeout=5)
         self._server = None
         self._thread = None
-
-    def __enter__(self) -> TestSite:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- addresses -------------------------------------------------------------------------
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import pika
 import pika.exceptions
-from tenacity import RetryError
 
-from common.core.backoff import reconnecting
+from common.core.backoff import keep_trying
 from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, ServiceUnavailable
 
@@ -39,18 +38,14 @@ def connect_rabbitmq(settings: Settings) -> pika.BlockingConnection:
     """
     params = amqp_parameters(settings)
     where = f"{params.host}:{params.port}{params.virtual_host}"
-    try:
-        for attempt in reconnecting(settings.connect_retry_s, _RETRYABLE, "RabbitMQ"):
-            with attempt:
-                try:
-                    return pika.BlockingConnection(params)
-                except _FATAL as exc:
-                    raise ServiceUnavailable(
-                        f"RabbitMQ at {where} refused the login ({type(exc).__name__}); "
-                        "check RABBITMQ_USER/RABBITMQ_PASSWORD/RABBITMQ_VHOST") from None
-    except RetryError as exc:
-        cause = exc.last_attempt.exception()
-        raise ServiceUnavailable(
-            f"RabbitMQ at {where} unreachable after {settings.connect_retry_s:g}s: "
-            f"{type(cause).__name__}: {cause}") from None
-    raise AssertionError("unreachable")  # pragma: no cover - Retrying either returns or raises
+
+    def connect() -> pika.BlockingConnection:
+        try:
+            return pika.BlockingConnection(params)
+        except _FATAL as exc:
+            raise ServiceUnavailable(
+                f"RabbitMQ at {where} refused the login ({type(exc).__name__}); "
+                "check RABBITMQ_USER/RABBITMQ_PASSWORD/RABBITMQ_VHOST") from None
+
+    return keep_trying(connect, timeout_s=settings.connect_retry_s, retry_on=_RETRYABLE,
+                       service="RabbitMQ", where=where)

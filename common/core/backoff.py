@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from typing import TypeVar
 
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay
+from tenacity import (
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+)
+
+from common.core.errors import ServiceUnavailable
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def compute_backoff_s(failures: int, *, base_s: float, max_s: float,
@@ -61,6 +73,25 @@ def reconnect_delay_s(attempt: int, rng: random.Random | None = None) -> float:
     used between connect attempts and between sessions of a worker whose broker went away."""
     return compute_backoff_s(attempt, base_s=RECONNECT_FIRST_S * 2, max_s=RECONNECT_MAX_S,
                              rng=rng)
+
+
+def keep_trying(connect: Callable[[], T], *, timeout_s: float,
+                retry_on: tuple[type[BaseException], ...], service: str, where: str) -> T:
+    """``connect()`` until it returns, retrying ``retry_on`` errors with the reconnect policy.
+
+    Raises:
+        ServiceUnavailable: still failing after ``timeout_s``, naming the service, where it
+            was looked for and the last error. Errors outside ``retry_on`` pass through.
+    """
+    try:
+        for attempt in reconnecting(timeout_s, retry_on, service):
+            with attempt:
+                return connect()
+    except RetryError as exc:
+        cause = exc.last_attempt.exception()
+        raise ServiceUnavailable(f"{service} at {where} unreachable after {timeout_s:g}s: "
+                                 f"{type(cause).__name__}: {cause}") from None
+    raise AssertionError("unreachable")  # pragma: no cover - Retrying either returns or raises
 
 
 def reconnecting(timeout_s: float, retry_on: tuple[type[BaseException], ...],

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from tenacity import RetryError
 
-from common.core.backoff import reconnecting
+from common.core.backoff import keep_trying
 from common.core.config import Settings
 from common.core.errors import REDIS_UNAVAILABLE, ServiceUnavailable
 
@@ -21,18 +20,14 @@ def connect_redis(settings: Settings, **kwargs: Any) -> redis.Redis:
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
                                   socket_connect_timeout=5, health_check_interval=30, **kwargs)
     where = client.connection_pool.connection_kwargs.get("host", "redis")
-    try:
-        for attempt in reconnecting(settings.connect_retry_s, REDIS_UNAVAILABLE, "Redis"):
-            with attempt:
-                try:
-                    client.ping()
-                except redis.AuthenticationError as exc:
-                    raise ServiceUnavailable(f"Redis at {where} refused the login: {exc}; "
-                                             "check REDIS_PASSWORD") from None
-                return client
-    except RetryError as exc:
-        cause = exc.last_attempt.exception()
-        raise ServiceUnavailable(
-            f"Redis at {where} unreachable after {settings.connect_retry_s:g}s: "
-            f"{type(cause).__name__}: {cause}") from None
-    raise AssertionError("unreachable")  # pragma: no cover - Retrying either returns or raises
+
+    def connect() -> redis.Redis:
+        try:
+            client.ping()
+        except redis.AuthenticationError as exc:
+            raise ServiceUnavailable(f"Redis at {where} refused the login: {exc}; "
+                                     "check REDIS_PASSWORD") from None
+        return client
+
+    return keep_trying(connect, timeout_s=settings.connect_retry_s, retry_on=REDIS_UNAVAILABLE,
+                       service="Redis", where=where)

@@ -23,20 +23,18 @@ so does the rare document libxml2 refuses outright. Nothing else is raised for b
 from __future__ import annotations
 
 import hashlib
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urljoin, urlsplit
 
 from lxml import etree
 
 from common.core.errors import FleetError
+from common.work import links
 from common.work.charset import decode_to_utf8, is_html, looks_binary
 
 __all__ = ["NotHTML", "Page", "is_html", "parse_html"]  # is_html lives in charset
 
-MAX_URL_CHARS = 2048
 HASH_DIGEST_BYTES = 16
 
 _ASCII_WS = " \t\n\r\f"
@@ -44,8 +42,6 @@ _ASCII_WS_BYTES = b" \t\n\r\f"
 _UTF8_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
 # Maps ASCII whitespace to 0 and every other byte to 1 (see _measure_text).
 _SHAPE_TABLE = bytes(0 if byte in _ASCII_WS_BYTES else 1 for byte in range(256))
-
-_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 
 _HREFS = etree.XPath("//a/@href", smart_strings=False)
 _BODY_TEXT = etree.XPath("/html/body//text()", smart_strings=False)
@@ -134,13 +130,13 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
         return Page(None, None, None, None, (), 0, EMPTY_TEXT_HASH, encoding)
 
     meta = _read_metadata(root)
-    base = _make_base(base_url)
+    base = links.make_base(base_url)
     if meta.base_href is not None:
         # The spec ignores a <base href> that does not resolve to a usable URL.
-        resolved = _resolve(meta.base_href, base)
+        resolved = links.resolve(meta.base_href, base)
         if resolved is not None:
-            base = _make_base(resolved)
-    links, links_truncated = _extract_links(_HREFS(root), base, max_links)
+            base = links.make_base(resolved)
+    found, links_truncated = links.extract_links(_HREFS(root), base, max_links)
 
     # Links are read before stripping because links inside <noscript> are real navigation
     # for clients without JavaScript, which is what a crawler is.
@@ -148,8 +144,8 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
     text_length, content_hash = _measure_text(_BODY_TEXT(root))
     return Page(
         title=meta.title, description=meta.description,
-        canonical=_resolve(meta.canonical_href, base) if meta.canonical_href else None,
-        language=_language(root, meta.language), links=links, links_truncated=links_truncated,
+        canonical=links.resolve(meta.canonical_href, base) if meta.canonical_href else None,
+        language=_language(root, meta.language), links=found, links_truncated=links_truncated,
         text_length=text_length, content_hash=content_hash, encoding=encoding,
     )
 
@@ -243,107 +239,3 @@ def _language(root: etree._Element, meta_language: str | None) -> str | None:
         if value and value.strip():
             return value.strip()
     return meta_language
-
-
-# --- links ----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class _Base:
-    """A document base URL pre-split for the link fast paths."""
-
-    url: str  # without fragment
-    scheme: str  # '' when the base is not http(s): relative links then resolve to nothing
-    origin: str  # 'https://host:port'
-    directory: str  # origin plus the path up to and including its last '/'
-
-
-def _make_base(url: str) -> _Base:
-    url = url.partition("#")[0]
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # e.g. 'http://[::1' (unbalanced IPv6 brackets)
-        return _Base(url, "", "", "")
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        return _Base(url, "", "", "")
-    origin = f"{parts.scheme}://{parts.netloc}"
-    path = parts.path or "/"
-    return _Base(url, parts.scheme, origin, origin + path[: path.rfind("/") + 1])
-
-
-def _resolve(href: str, base: _Base) -> str | None:
-    """Resolve ``href`` to an absolute http(s) URL without fragment, or None to skip it.
-
-    Agrees with ``urljoin`` + defragmenting (tests check this); the branches that skip
-    ``urljoin`` cover the shapes that make up nearly all real links.
-    """
-    href = href.strip(_ASCII_WS)
-    if "\n" in href or "\t" in href or "\r" in href:
-        # Browsers drop these anywhere in a URL; templates leave them inside long hrefs.
-        href = href.replace("\n", "").replace("\t", "").replace("\r", "")
-    first = href[:1]
-    # Branches ordered by how common the shape is; only odd shapes pay for urljoin.
-    if first == "/":
-        if not base.scheme:
-            return None
-        if href[1:2] == "/":
-            url = f"{base.scheme}:{href}"
-        elif "/." in href:
-            url = _join(base.url, href)  # dot segments need removing
-        else:
-            url = base.origin + href
-    elif first == "#" or not href:
-        if not base.scheme:
-            return None
-        url = base.url  # a link to this page itself
-    elif _SCHEME_RE.match(href):
-        scheme, _, rest = href.partition(":")
-        scheme = scheme.lower()
-        if scheme != "https" and scheme != "http":
-            return None  # mailto:, javascript:, tel:, data:, ftp: ...
-        if rest[:2] == "//":
-            url = f"{scheme}:{rest}"
-        elif base.scheme:
-            url = _join(base.url, href)  # 'http:foo' is relative to an http base
-        else:
-            return None
-    elif not base.scheme:
-        return None
-    elif first == "?" or first == "." or "/." in href:
-        url = _join(base.url, href)
-    else:
-        url = base.directory + href
-    fragment_at = url.find("#")
-    if fragment_at >= 0:
-        url = url[:fragment_at]
-    if len(url) > MAX_URL_CHARS:
-        return None
-    host_start = url.find("//") + 2
-    if host_start == 1 or url[host_start : host_start + 1] in ("", "/", "?", "\\"):
-        return None  # 'http:///path', 'https://' and the like have no host
-    return url
-
-
-def _join(base_url: str, href: str) -> str:
-    try:
-        return urljoin(base_url, href)
-    except ValueError:  # unbalanced IPv6 brackets; the host check below then rejects it
-        return ""
-
-
-def _extract_links(hrefs: list[str], base: _Base, max_links: int) -> tuple[tuple[str, ...], bool]:
-    """Return ``(links, truncated)``: unique resolved links in order, capped at ``max_links``."""
-    seen_hrefs: set[str] = set()
-    seen: set[str] = set()
-    links: list[str] = []
-    for href in hrefs:
-        # Menus and footers repeat hrefs; a repeat resolves the same way, so skip the work.
-        if href in seen_hrefs:
-            continue
-        seen_hrefs.add(href)
-        url = _resolve(href, base)
-        if url is None or url in seen:
-            continue
-        if len(links) >= max_links:
-            return tuple(links), True
-        seen.add(url)
-        links.append(url)
-    return tuple(links), False

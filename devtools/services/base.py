@@ -126,8 +126,8 @@ def terminate_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     # Reap any straggler in the group (the child itself may be gone already).
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    except (ProcessLookupError, PermissionError) as exc:
+        logger.debug("process group %d already gone (%s)", proc.pid, type(exc).__name__)
     if proc.poll() is None:
         proc.wait(timeout=timeout_s)
 

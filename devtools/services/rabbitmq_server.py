@@ -264,4 +264,4 @@ class LocalRabbitMQ(Managed):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
-                pass
+                logger.debug("leftover beam.smp %d was already gone", pid)

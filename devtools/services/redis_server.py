@@ -125,7 +125,7 @@ class LocalRedis(Managed):
             try:
                 os.killpg(self._proc.pid, signal.SIGKILL)
             except ProcessLookupError:
-                pass
+                logger.debug("redis-server %d was already gone", self._proc.pid)
             self._proc.wait(timeout=10)
         terminate_group(self._proc, timeout_s=10)
         self._proc = None

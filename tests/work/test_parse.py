@@ -12,6 +12,7 @@ from urllib.parse import urljoin
 import pytest
 
 from common.core.errors import FleetError
+from common.work import links as link_rules
 from common.work import parse
 from common.work.parse import NotHTML, Page, parse_html
 
@@ -207,7 +208,7 @@ def test_non_http_schemes_and_hostless_urls_are_skipped(href: str) -> None:
 
 
 def test_links_longer_than_2048_characters_are_skipped() -> None:
-    long_path = "/" + "a" * parse.MAX_URL_CHARS
+    long_path = "/" + "a" * link_rules.MAX_URL_CHARS
     links = links_of(f'<a href="{long_path}">long</a><a href="/short">short</a>')
 
     assert links == ("https://example.com/short",)
@@ -283,7 +284,7 @@ def test_fast_link_resolution_agrees_with_urljoin(base_url: str, href: str) -> N
     # urljoin leaves 'http:relative' alone under an https base; that is not a fetchable URL.
     expected = joined if joined.startswith(("http://", "https://")) else None
 
-    resolved = parse._resolve(href, parse._make_base(base_url))
+    resolved = link_rules.resolve(href, link_rules.make_base(base_url))
 
     assert resolved == expected
 

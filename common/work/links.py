@@ -1,0 +1,123 @@
+"""Links on a page: resolving ``<a href>``, ``<base href>`` and canonical URLs against the
+document's base, without ``urljoin`` for the common shapes.
+
+Resolution agrees with ``urljoin`` plus defragmenting (tests/work/test_parse.py checks it on
+a corpus of odd shapes); the fast branches cover the shapes that make up nearly all real
+links (root-relative, relative, absolute http(s), fragments), and only odd ones (dot
+segments, query-only, scheme-relative to a non-http base) pay for ``urljoin``. Anything that
+is not http(s), has no host or is longer than MAX_URL_CHARS resolves to None: skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+MAX_URL_CHARS = 2048
+
+_ASCII_WS = " \t\n\r\f"
+_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    """A document base URL pre-split for the link fast paths."""
+
+    url: str  # without fragment
+    scheme: str  # '' when the base is not http(s): relative links then resolve to nothing
+    origin: str  # 'https://host:port'
+    directory: str  # origin plus the path up to and including its last '/'
+
+
+def make_base(url: str) -> Base:
+    url = url.partition("#")[0]
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. 'http://[::1' (unbalanced IPv6 brackets)
+        return Base(url, "", "", "")
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return Base(url, "", "", "")
+    origin = f"{parts.scheme}://{parts.netloc}"
+    path = parts.path or "/"
+    return Base(url, parts.scheme, origin, origin + path[: path.rfind("/") + 1])
+
+
+def resolve(href: str, base: Base) -> str | None:
+    """Resolve ``href`` to an absolute http(s) URL without fragment, or None to skip it.
+
+    Agrees with ``urljoin`` + defragmenting (tests check this); the branches that skip
+    ``urljoin`` cover the shapes that make up nearly all real links.
+    """
+    href = href.strip(_ASCII_WS)
+    if "\n" in href or "\t" in href or "\r" in href:
+        # Browsers drop these anywhere in a URL; templates leave them inside long hrefs.
+        href = href.replace("\n", "").replace("\t", "").replace("\r", "")
+    first = href[:1]
+    # Branches ordered by how common the shape is; only odd shapes pay for urljoin.
+    if first == "/":
+        if not base.scheme:
+            return None
+        if href[1:2] == "/":
+            url = f"{base.scheme}:{href}"
+        elif "/." in href:
+            url = _join(base.url, href)  # dot segments need removing
+        else:
+            url = base.origin + href
+    elif first == "#" or not href:
+        if not base.scheme:
+            return None
+        url = base.url  # a link to this page itself
+    elif _SCHEME_RE.match(href):
+        scheme, _, rest = href.partition(":")
+        scheme = scheme.lower()
+        if scheme != "https" and scheme != "http":
+            return None  # mailto:, javascript:, tel:, data:, ftp: ...
+        if rest[:2] == "//":
+            url = f"{scheme}:{rest}"
+        elif base.scheme:
+            url = _join(base.url, href)  # 'http:foo' is relative to an http base
+        else:
+            return None
+    elif not base.scheme:
+        return None
+    elif first == "?" or first == "." or "/." in href:
+        url = _join(base.url, href)
+    else:
+        url = base.directory + href
+    fragment_at = url.find("#")
+    if fragment_at >= 0:
+        url = url[:fragment_at]
+    if len(url) > MAX_URL_CHARS:
+        return None
+    host_start = url.find("//") + 2
+    if host_start == 1 or url[host_start : host_start + 1] in ("", "/", "?", "\\"):
+        return None  # 'http:///path', 'https://' and the like have no host
+    return url
+
+
+def _join(base_url: str, href: str) -> str:
+    try:
+        return urljoin(base_url, href)
+    except ValueError:  # unbalanced IPv6 brackets; the host check below then rejects it
+        return ""
+
+
+def extract_links(hrefs: list[str], base: Base, max_links: int) -> tuple[tuple[str, ...], bool]:
+    """Return ``(links, truncated)``: unique resolved links in order, capped at ``max_links``."""
+    seen_hrefs: set[str] = set()
+    seen: set[str] = set()
+    links: list[str] = []
+    for href in hrefs:
+        # Menus and footers repeat hrefs; a repeat resolves the same way, so skip the work.
+        if href in seen_hrefs:
+            continue
+        seen_hrefs.add(href)
+        url = resolve(href, base)
+        if url is None or url in seen:
+            continue
+        if len(links) >= max_links:
+            return tuple(links), True
+        seen.add(url)
+        links.append(url)
+    return tuple(links), False

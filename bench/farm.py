@@ -32,24 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from bench.farm_pages import page_html, paragraph_pool
+from bench.farm_pages import Site, page_html, paragraph_pool
 
 FIRST_HOST = ipaddress.IPv4Address("127.0.0.2")
 NGINX_BIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/usr/local/nginx/sbin")
-
-
-@dataclass(frozen=True)
-class Site:
-    index: int
-    host: str
-    port: int
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def page_url(self, n: int) -> str:
-        return f"{self.base_url}/p/{n}.html"
 
 
 @dataclass

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import html
 import random
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from bench.farm import Site
+from dataclasses import dataclass
 
 TARGET_PAGE_BYTES = 30_000
 LINKS_PER_PAGE = 100
@@ -23,6 +20,23 @@ _WORDS = (
     "crawler fleet queue broker worker redis rabbit page link site farm static nginx loopback "
     "café naïve résumé über straße déjà vu"
 ).split()
+
+
+
+@dataclass(frozen=True)
+class Site:
+    """One farm site: pages at http://host:port/p/{n}.html."""
+
+    index: int
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def page_url(self, n: int) -> str:
+        return f"{self.base_url}/p/{n}.html"
 
 
 def page_html(site: Site, n: int, pages: int, sites: list[Site], pool: list[str]) -> str:

@@ -1,6 +1,6 @@
 """The peer: a scrapy-redis RedisSpider extracting the fields the fleet records.
 
-    .venv-bench/bin/python bench/peer_spider.py --redis-url redis://127.0.0.1:PORT/1 \
+    bench/.venv/bin/python bench/peer_spider.py --redis-url redis://127.0.0.1:PORT/1 \
         [--key peer:start_urls] [--concurrency 16] [--idle-close-s 3] [--scheduler redis]
 
 Reads start URLs (plain strings) from a Redis list, fetches each once (no link following),

@@ -3,7 +3,7 @@
 #   bash bench/run.sh                 # full run (~10 sites x 2,000 pages; several minutes)
 #   bash bench/run.sh --small         # tiny farm, fewer samples (what the CI test runs)
 #   bash bench/run.sh --skip-peer     # no scrapy-redis (no bench venv needed)
-#   bash bench/run.sh --profile       # py-spy on workers and spiders, summary in the JSON
+#   bash bench/run.sh --profile       # py-spy on workers, spiders and the producer (in the JSON)
 # Installs what is missing: RabbitMQ, Redis and .venv (scripts/bootstrap.sh), nginx (apt), and
 # bench/.venv with requirements.txt + bench/requirements-bench.txt (scrapy, scrapy-redis,
 # py-spy) for the peer; then runs `python -m bench.run "$@"` with the fleet's .venv.

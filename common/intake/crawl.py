@@ -50,18 +50,24 @@ class LinkFollower:
         self.allowed = tuple(d.strip().lower() for d in settings.crawl_allowed_domains.split(",")
                              if d.strip())
         self._spend = client.register_script(SPEND_LUA)
-        self._local = threading.local()
+        self._local = threading.local()  # one Producer (AMQP connection) per fetch thread
+        self._producers: list[Producer] = []
+        self._producers_lock = threading.Lock()
 
     def _producer(self) -> Producer:
         producer = getattr(self._local, "producer", None)
         if producer is None:
             producer = Producer(self.settings, self.client)
             self._local.producer = producer
+            with self._producers_lock:
+                self._producers.append(producer)
         return producer
 
     def close(self) -> None:
-        producer = getattr(self._local, "producer", None)
-        if producer is not None:
+        """Close every fetch thread's producer (called once, when the worker stops)."""
+        with self._producers_lock:
+            producers, self._producers = self._producers, []
+        for producer in producers:
             producer.close()
 
     def in_scope(self, page_url: str, link: str) -> bool:

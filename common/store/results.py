@@ -95,6 +95,6 @@ class ResultStore:
 
 
 def encode(record: dict[str, Any]) -> bytes:
-    """Compact UTF-8 JSON. orjson: ~0.6 us for a page's record against ~11 us for json.dumps
-    (NOTES #25); it refuses what json would write as invalid JSON (NaN becomes null)."""
+    """Compact UTF-8 JSON. orjson, an order of magnitude cheaper than json.dumps for a page's
+    record (NOTES #25); it refuses what json would write as invalid JSON (NaN becomes null)."""
     return orjson.dumps(record)

@@ -15,8 +15,9 @@ boundary, and the limit is checked against the *site's* request log. Why not the
 library's moving window: we need "when will there be room" from the same atomic call, and the
 cache lookup in it too, to stay at one round trip (NOTES.md #11). ``limits`` parses the notation.
 
-The guard (RATE_LIMIT_GUARD, 2% of the window) absorbs the jitter between the permit and the
-request reaching the site.
+The guard (RATE_LIMIT_GUARD, a fraction of the window kept free) absorbs server-side jitter:
+permits are moved to their request's real send time (:func:`retime_permit`), so what is left
+is the network and the site's own clock.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ be acked.
 
 Per URL, in order: decode → canonicalise → wait out ``not_before`` → robots.txt → rate limit
 and cache (one Lua call) → fetch → classify (common/core/errors.py) → record or retry or DLQ.
-Hot path: two Redis round trips (the admit script, the result pipeline); robots rules come
+Hot path: two Redis round trips (the admit script, the result script); robots rules come
 from the worker's memory once known.
 """
 

@@ -3,9 +3,15 @@
 Each thread takes the best delivery in the buffer (lowest rank: expired messages, then
 priority_queue, then url_queue_ttl; first come first within a rank), runs the
 :class:`~common.work.processor.Processor` on it and hands the outcome to the I/O thread
-(``hand_over``). While Redis is unavailable a thread holds its delivery and retries with the
-reconnect policy instead of dropping it; an unexpected exception dead-letters the message
-with its class instead of crash-looping the fleet on it.
+(``hand_over``). A thread never dies of what a delivery does:
+
+* Redis unavailable (down, loading, a read-only replica): the thread holds its delivery and
+  retries with the reconnect policy instead of dropping it;
+* Redis refusing the work (OOM at ``maxmemory``, MISCONF after a failed save, NOPERM, any
+  other error reply): the delivery goes back to the broker, where it is durable, after a wait
+  that grows while the refusals go on, so a full Redis is not hammered;
+* any other exception (a bug): the message is dead-lettered with the exception's class rather
+  than crash-looping the fleet on it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+import redis
 
 from common.broker import topology
 from common.core.backoff import reconnect_delay_s
@@ -52,6 +60,7 @@ class FetchThreads:
         self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
         self._current: dict[str, bytes] = {}  # thread name -> body it is working on
+        self._refusals = 0  # Redis error replies in a row, across threads (see _refused)
 
     def start(self) -> None:
         for index in range(self.count):
@@ -95,17 +104,25 @@ class FetchThreads:
                 outcome = self._process(item)
             finally:
                 self._current.pop(name, None)
-            self._hand_over(item, outcome)
+            try:
+                self._hand_over(item, outcome)
+            except Exception:  # noqa: BLE001 - the thread must outlive a failed hand-over
+                # The delivery stays unacked on its channel; the broker redelivers it when
+                # that channel goes. Log the bug loudly, keep serving.
+                logger.exception("could not hand over delivery %s from %s", item.tag, item.queue)
 
     def _process(self, delivery: Delivery) -> Outcome | None:
-        """Process a delivery; while Redis is down, hold it and retry instead of dropping it."""
+        """Process a delivery; None gives it back to the broker (see the module docstring)."""
         attempt = 0
         while True:
             attempt += 1
             try:
                 if delivery.queue == topology.EXPIRED_QUEUE:
-                    return self.processor.process_expired(delivery.body)
-                return self.processor.process(delivery.body, delivery.queue)
+                    outcome = self.processor.process_expired(delivery.body)
+                else:
+                    outcome = self.processor.process(delivery.body, delivery.queue)
+                self._refusals = 0
+                return outcome
             except REDIS_UNAVAILABLE as exc:
                 if self._stopping.is_set():
                     logger.warning("Redis down during shutdown; returning delivery: %s", exc)
@@ -114,11 +131,27 @@ class FetchThreads:
                 logger.warning("Redis unavailable (%s); holding delivery, retry in %.1fs",
                                exc, wait_s)
                 time.sleep(wait_s)
+            except redis.RedisError as exc:
+                return self._refused(delivery, exc)
             except Exception as exc:  # noqa: BLE001 - any bug in processing, see below
                 # A bug must not crash-loop the fleet on one message: log it with its
                 # traceback and dead-letter the message with the exception class.
                 logger.exception("unexpected error processing delivery from %s", delivery.queue)
-                return self.processor.worker_error(delivery.body, exc)
+                try:
+                    return self.processor.worker_error(delivery.body, exc)
+                except redis.RedisError as redis_exc:
+                    return self._refused(delivery, redis_exc)
+
+    def _refused(self, delivery: Delivery, exc: redis.RedisError) -> None:
+        """Redis answered with an error: wait (longer while refusals go on), then give the
+        delivery back to the broker."""
+        self._refusals += 1
+        wait_s = reconnect_delay_s(self._refusals)
+        logger.warning("Redis refused the work for a delivery from %s (%s: %s); returning it "
+                       "to the broker in %.1fs", delivery.queue, type(exc).__name__, exc, wait_s)
+        if not self._stopping.is_set():
+            self._stopping.wait(wait_s)
+        return None
 
 
 def _peek_url(body: bytes) -> str:

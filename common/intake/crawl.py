@@ -12,8 +12,11 @@ so a page reached by many links is fetched once. Rules:
   Redis (``crawl:pages:{domain}``) after dedupe, so only new URLs spend it;
 * links the page's own robots.txt disallows are not enqueued at all.
 
-Links are published *before* the page's result is recorded: if the worker dies in between, the
-redelivered page extracts them again and dedupe drops the repeats. Each fetch thread owns its
+Links are published *before* the page's result is recorded, and a link is marked seen only
+once its publish is confirmed: if the worker dies in between, the redelivered page extracts
+them again and publishes what was not marked. While a page publishes its new links they are
+claimed for it (``claim:{fp}``), so two pages linking the same new URL at the same moment
+publish it once; the redelivered page takes its own claims over. Each fetch thread owns its
 own Producer (AMQP connection), created on first use.
 """
 
@@ -77,8 +80,12 @@ class LinkFollower:
         return any(host == d or host.endswith("." + d) for d in self.allowed)
 
     def follow(self, page_url: str, links: Sequence[str], depth: int,
-               rules: RobotsRules | None) -> ProduceSummary | None:
-        """Enqueue the in-scope links of a page at ``depth``; None when nothing to follow."""
+               rules: RobotsRules | None, page_token: str) -> ProduceSummary | None:
+        """Enqueue the in-scope links of a page at ``depth``; None when nothing to follow.
+
+        ``page_token`` names the page (the same on a redelivery): its new links are claimed
+        for it while they are published (see :class:`common.store.dedupe.Claims`).
+        """
         if depth + 1 > self.settings.crawl_max_depth:
             return None
         chosen = [link for link in links if self.in_scope(page_url, link)
@@ -86,7 +93,8 @@ class LinkFollower:
                        or rules.allows(link))]
         if not chosen:
             return None
-        return self._producer().submit(chosen, depth=depth + 1, keep=self._within_budget)
+        return self._producer().submit(chosen, depth=depth + 1, keep=self._within_budget,
+                                       claim_token=page_token)
 
     def _within_budget(self, urls: list[str]) -> list[bool]:
         by_domain: dict[str, list[int]] = defaultdict(list)

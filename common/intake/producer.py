@@ -2,11 +2,15 @@
 
 ``producer.py``, ``sitemap_producer.py`` and crawl mode all go through :class:`Producer`.
 
-Per batch of ``PRODUCER_BATCH`` URLs: one Redis pipeline marks the fingerprints as seen (SADD
-answers "new or not" for each), the new URLs are published persistently without waiting on
-each confirm, then the batch's confirms are awaited together. A URL whose publish is not
-confirmed (nack, unroutable, channel lost) is removed from the seen-set again, so it is never
-silently blocked; the batch's failed part is retried on a fresh connection.
+Per batch of ``PRODUCER_BATCH`` URLs: one Redis pipeline asks which fingerprints are already
+seen, the new URLs are published persistently without waiting on each confirm, the batch's
+confirms are awaited together, and only then does a second pipeline mark the confirmed ones as
+seen. So no URL is ever marked seen without a confirmed message, whenever the producer dies
+(kill -9, OOM kill): running the same input again publishes what was not marked. The price is
+a rare duplicate message (two producers, or a rerun, publishing the same URL in the same
+moment), which the workers' done-set turns into exactly one result. A publish that is not
+confirmed (nack, unroutable, channel lost) is retried on a fresh connection, and a URL that
+never gets through is left unmarked and counted as failed.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, InvalidURL, ServiceUnavailable
 from common.core.urls import Fingerprint, canonicalize, fingerprint
 from common.intake.routing import Router
-from common.store.dedupe import SeenSet
+from common.store.dedupe import Claims, SeenSet
 from common.store.keys import COUNTERS
 
 logger = logging.getLogger(__name__)
@@ -82,7 +86,6 @@ class _Accepted:
     ttl_ms: int | None
     depth: int
     nonce: str | None = None
-    released_on_failure: bool = True  # False: it was seen before this batch (a recrawl)
 
 
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -98,6 +101,7 @@ class Producer:
                  router: Router | None = None) -> None:
         self.settings = settings
         self.seen = SeenSet(redis_client, settings.seen_buckets)
+        self.claims = Claims(redis_client)
         self.router = router or Router.from_setting(settings.routing_rules)
         self._connection: pika.BlockingConnection | None = None
         self._publisher: ConfirmingPublisher | None = None
@@ -127,7 +131,7 @@ class Producer:
 
     def submit(self, raw_urls: Iterable[str], *, force_priority: bool = False,
                depth: int = 0, keep: Keep | None = None,
-               recrawl: bool = False) -> ProduceSummary:
+               recrawl: bool = False, claim_token: str | None = None) -> ProduceSummary:
         """Send URLs through canonicalise → dedupe → route → publish; return the counts.
 
         Args:
@@ -139,18 +143,22 @@ class Producer:
             keep: called with the canonical URLs that passed dedupe; returns one bool each.
                 URLs it rejects (e.g. over a per-domain page budget) are released from the
                 seen-set again and counted as ``over_budget``.
+            claim_token: claim each new URL for this token before publishing it (crawl mode:
+                the page's own token), so that concurrent producers publish a URL once; URLs
+                claimed by another token count as duplicates.
 
         Raises:
             ServiceUnavailable: the broker or Redis could not be reached (after backoff).
         """
         total = ProduceSummary()
         for chunk in batched(raw_urls, self.settings.producer_batch):
-            total.merge(self._submit_batch(chunk, force_priority, depth, keep, recrawl))
+            total.merge(self._submit_batch(chunk, force_priority, depth, keep, recrawl,
+                                           claim_token))
         return total
 
     def _submit_batch(self, raw_urls: list[str], force_priority: bool,
                       depth: int, keep: Keep | None = None,
-                      recrawl: bool = False) -> ProduceSummary:
+                      recrawl: bool = False, claim_token: str | None = None) -> ProduceSummary:
         summary = ProduceSummary(read=len(raw_urls))
         candidates: list[tuple[str, Fingerprint]] = []
         invalid: list[tuple[str, str]] = []
@@ -163,47 +171,71 @@ class Producer:
             candidates.append((url, fingerprint(url)))
 
         try:
-            is_new = self.seen.add_many([fp for _, fp in candidates])
+            fresh = self._unseen(candidates, recrawl, claim_token)
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"Redis failed while deduplicating: {exc}") from None
         accepted: list[_Accepted] = []
-        for (url, fp), new in zip(candidates, is_new, strict=True):
-            if not new and not recrawl:
+        queued: set[Fingerprint] = set()  # a URL twice in one batch is published once
+        for (url, fp), new in zip(candidates, fresh, strict=True):
+            if not new or fp in queued:
                 summary.duplicate += 1
                 continue
+            queued.add(fp)
             route = self.router.route(url, force_priority=force_priority)
             accepted.append(_Accepted(url, fp, route.queue, route.ttl_ms, depth,
-                                      uuid.uuid4().hex[:16] if recrawl else None,
-                                      released_on_failure=new))
+                                      uuid.uuid4().hex[:16] if recrawl else None))
         if keep is not None and accepted:
             verdicts = keep([item.url for item in accepted])
-            rejected = [item for item, ok in zip(accepted, verdicts, strict=True) if not ok]
-            if rejected:
-                self.seen.remove_many([item.fp for item in rejected])
-                summary.over_budget = len(rejected)
-                accepted = [item for item, ok in zip(accepted, verdicts, strict=True) if ok]
+            summary.over_budget = verdicts.count(False)
+            accepted = [item for item, ok in zip(accepted, verdicts, strict=True) if ok]
 
         summary.invalid = len(invalid)
         for raw, reason in invalid:
             logger.warning("invalid URL %r: %s", raw[:200], reason)
+        published, failed = self._publish_with_retries(accepted, invalid)
         try:
-            published, failed = self._publish_with_retries(accepted, invalid)
-        except BaseException:
-            # Nothing of this batch is known to be confirmed: release it all before failing.
-            self.seen.remove_many([item.fp for item in accepted if item.released_on_failure])
-            raise
-        if invalid:
-            # Counted like the workers' dead letters, so the status view sees them too.
-            self.seen.client.hincrby(COUNTERS, f"dead_lettered:{InvalidURL.reason}", len(invalid))
+            # Marked seen only once confirmed: a producer killed before this line leaves the
+            # URLs unmarked, and running the same input again publishes them again (a message
+            # that did get through before the kill ends as "already done" at the worker).
+            self._mark_seen([item.fp for item in published], claimed=claim_token is not None)
+            if invalid:
+                # Counted like the workers' dead letters, so the status view sees them too.
+                self.seen.client.hincrby(COUNTERS, f"dead_lettered:{InvalidURL.reason}",
+                                         len(invalid))
+        except redis.RedisError as exc:
+            raise ServiceUnavailable(f"Redis failed after publishing {len(published)} URLs "
+                                     f"(they are queued; a rerun publishes them again and the "
+                                     f"workers record each once): {exc}") from None
         summary.new = len(published)
         summary.failed = len(failed)
         for item in published:
             summary.per_queue[item.queue] += 1
-        if failed:
-            self.seen.remove_many([item.fp for item in failed if item.released_on_failure])
-            for item in failed:
-                logger.error("not published, released from the seen-set: %s", item.url)
+        for item in failed:
+            logger.error("not published (not marked seen): %s", item.url)
         return summary
+
+    def _unseen(self, candidates: list[tuple[str, Fingerprint]], recrawl: bool,
+                claim_token: str | None) -> list[bool]:
+        """Which candidates to publish: not seen yet (or a recrawl), and claimed when a
+        ``claim_token`` is given. Two round trips at most."""
+        fps = [fp for _, fp in candidates]
+        fresh = [True] * len(fps) if recrawl else [not s for s in self.seen.contains_many(fps)]
+        if claim_token is not None and not recrawl:
+            wanted = [fp for fp, new in zip(fps, fresh, strict=True) if new]
+            held = iter(self.claims.take(wanted, claim_token))
+            fresh = [new and next(held) for new in fresh]
+        return fresh
+
+    def _mark_seen(self, fps: list[Fingerprint], *, claimed: bool) -> None:
+        """Mark confirmed URLs as seen and drop their claims, in one round trip."""
+        if not fps:
+            return
+        pipe = self.seen.client.pipeline(transaction=False)
+        for fp in fps:
+            pipe.sadd(self.seen.key(fp), fp.member)
+        if claimed:
+            pipe.delete(*self.claims.keys(fps))
+        pipe.execute()
 
     def _publish_with_retries(self, accepted: list[_Accepted], invalid: list[tuple[str, str]]
                               ) -> tuple[list[_Accepted], list[_Accepted]]:

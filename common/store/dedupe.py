@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import redis
 
 from common.core.urls import Fingerprint, fingerprint
-from common.store.keys import DONE_PREFIX, SEEN_PREFIX, seen_bucket
+from common.store.keys import DONE_PREFIX, SEEN_PREFIX, claim_key, seen_bucket
 from common.store.marks import DoneMark
 
 
@@ -96,3 +96,45 @@ class DoneSet:
     def forget(self, urls: Sequence[str]) -> int:
         """Clear the marks of ``urls`` (a DLQ replay makes them new again). Returns how many."""
         return self.fingerprints.remove_many([fingerprint(url) for url in urls])
+
+
+#: How long a claim keeps other pages off a URL; far longer than publishing a batch.
+CLAIM_TTL_MS = 120_000
+
+# Each KEYS[i] is claim:{fp}. ARGV[1] token, ARGV[2] ttl ms. Returns 1 per key the caller
+# holds now (newly claimed, or already claimed with the same token), else 0.
+CLAIM_LUA = """
+local held = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('SET', key, ARGV[1], 'NX', 'PX', ARGV[2]) then
+    held[i] = 1
+  elseif redis.call('GET', key) == ARGV[1] then
+    redis.call('PEXPIRE', key, ARGV[2])
+    held[i] = 1
+  else
+    held[i] = 0
+  end
+end
+return held
+"""
+
+
+class Claims:
+    """Short-lived claims on URLs being published, so that two pages linking the same new URL
+    at the same moment publish it once (crawl mode). The token names the claiming page: the
+    same page, redelivered after its worker died mid-publish, takes its claims over."""
+
+    def __init__(self, client: redis.Redis, ttl_ms: int = CLAIM_TTL_MS) -> None:
+        self.client = client
+        self.ttl_ms = ttl_ms
+        self._claim = client.register_script(CLAIM_LUA)
+
+    def take(self, fps: Sequence[Fingerprint], token: str) -> list[bool]:
+        """Claim ``fps`` for ``token``; True for each one the caller holds (one round trip)."""
+        if not fps:
+            return []
+        held = self._claim(keys=[claim_key(fp.hex) for fp in fps], args=[token, self.ttl_ms])
+        return [bool(flag) for flag in held]
+
+    def keys(self, fps: Sequence[Fingerprint]) -> list[str]:
+        return [claim_key(fp.hex) for fp in fps]

@@ -24,6 +24,10 @@
     workers:{id}             STRING, JSON heartbeat of a live worker (id, host, pid, started,
                              processed, outcomes, in_flight, current URLs), EX 3 × the
                              heartbeat interval: a killed worker's key expires by itself.
+    claim:{fp}               STRING, the token of the page whose crawl-mode producer is
+                             publishing this URL (fingerprint hex), PX CLAIM_TTL_MS (2 min):
+                             other pages skip the URL meanwhile; the same page, redelivered
+                             after a crash, takes it over. Deleted once the URL is seen.
     crawl:pages:{domain}     STRING counter of pages crawl mode enqueued for the domain
                              (budget CRAWL_MAX_PAGES_PER_DOMAIN), no expiry: DEL to reset.
 
@@ -65,6 +69,10 @@ def robots_key(origin: str) -> str:
 
 def robots_lock_key(origin: str) -> str:
     return f"robots:lock:{origin}"
+
+
+def claim_key(fp_hex: str) -> str:
+    return f"claim:{fp_hex}"
 
 
 def crawl_pages_key(domain: str) -> str:

@@ -246,7 +246,7 @@ class Processor:
                 record["error"] = f"not_html: {exc}"
         if self.follower is not None and record.get("links"):
             followed = self.follower.follow(response.final_url, record["links"], message.depth,
-                                            rules)
+                                            rules, page_token=f"{done.key}:{done.member}")
             if followed is not None:
                 record["followed"] = followed.new
         cache_value = None

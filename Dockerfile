@@ -1,6 +1,13 @@
 # Image for the worker and the producers (same image, different command).
 # Build: docker build -t scrape-fleet:local .   (docker-compose.yml does this for you)
-FROM python:3.11.11-slim-bookworm
+
+# The base image, by tag and by digest: a tag can be re-pushed, a digest cannot. PYTHON_DIGEST
+# is the tag's digest ("sha256:" and 64 hex digits, the multi-arch index digest printed by
+# `docker buildx imagetools inspect python:3.11.11-slim-bookworm`). Its default is empty (the
+# tag alone) until a registry is reachable to read it; set the default here then, and until
+# then pass it: docker build --build-arg PYTHON_DIGEST=sha256:... .
+ARG PYTHON_DIGEST=
+FROM python:3.11.11-slim-bookworm${PYTHON_DIGEST:+@}${PYTHON_DIGEST}
 
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -12,9 +19,11 @@ WORKDIR /app
 RUN groupadd --system --gid 10001 scraper \
     && useradd --system --uid 10001 --gid scraper --no-create-home --shell /usr/sbin/nologin scraper
 
-# Dependencies first: this layer is rebuilt only when requirements.txt changes.
-COPY requirements.txt .
-RUN pip install --no-cache-dir -r requirements.txt
+# Dependencies first: this layer is rebuilt only when the lock changes. requirements.lock is
+# generated from requirements.txt (see its header): every package, direct or indirect, pinned
+# with its sha256 hashes; pip refuses anything else, and wheels only (no setup.py runs).
+COPY requirements.lock .
+RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements.lock
 
 COPY . .
 

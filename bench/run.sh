@@ -5,8 +5,9 @@
 #   bash bench/run.sh --skip-peer     # no scrapy-redis (no bench venv needed)
 #   bash bench/run.sh --profile       # py-spy on workers, spiders and the producer (in the JSON)
 # Installs what is missing: RabbitMQ, Redis and .venv (scripts/bootstrap.sh), nginx (apt), and
-# bench/.venv with requirements.txt + bench/requirements-bench.txt (scrapy, scrapy-redis,
-# py-spy) for the peer; then runs `python -m bench.run "$@"` with the fleet's .venv.
+# bench/.venv from bench/requirements-bench.lock (the runtime lock's pins plus scrapy,
+# scrapy-redis, py-spy and their dependencies, all with sha256 hashes, installed with
+# --require-hashes) for the peer; then runs `python -m bench.run "$@"` with the fleet's .venv.
 # Prints the table; details go to bench/out/bench-<time>.json.
 set -euo pipefail
 
@@ -40,11 +41,11 @@ if [ "$skip_peer" -eq 0 ]; then
         python3 -m venv bench/.venv
     fi
     stamp=bench/.venv/.requirements.sha256
-    wanted="$(cat requirements.txt bench/requirements-bench.txt | sha256sum | cut -d' ' -f1)"
+    wanted="$(sha256sum < bench/requirements-bench.lock | cut -d' ' -f1)"
     if [ "$(cat "$stamp" 2>/dev/null || true)" != "$wanted" ]; then
-        log "installing requirements.txt + bench/requirements-bench.txt into bench/.venv"
+        log "installing bench/requirements-bench.lock into bench/.venv (hash-checked)"
         bench/.venv/bin/pip install -q --disable-pip-version-check \
-            -r requirements.txt -r bench/requirements-bench.txt >&2
+            --require-hashes --only-binary=:all: -r bench/requirements-bench.lock >&2
         echo "$wanted" > "$stamp"
     fi
 fi

@@ -3,7 +3,9 @@
 # each step is skipped when its result is already there.
 #   1. apt packages: rabbitmq-server, redis-server, docker-compose (the v1 client, used
 #      only to validate docker-compose.yml) and python3-venv when venv is unavailable.
-#   2. .venv with requirements-dev.txt (re-installed only when the requirements change).
+#   2. .venv with requirements-dev.lock: every package pinned with its sha256 hashes, checked by
+#      pip (--require-hashes), wheels only; re-installed only when a lock changes. The locks are
+#      generated from requirements.txt and requirements-dev.txt (see requirements.txt's header).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -48,11 +50,12 @@ else
 fi
 
 stamp=.venv/.requirements-dev.sha256
-wanted="$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)"
+wanted="$(cat requirements.lock requirements-dev.lock | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$wanted" ]; then
-    log "installing requirements-dev.txt into .venv"
-    .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+    log "installing requirements-dev.lock into .venv (hash-checked)"
+    .venv/bin/pip install -q --disable-pip-version-check \
+        --require-hashes --only-binary=:all: -r requirements-dev.lock
     echo "$wanted" > "$stamp"
 else
-    log "requirements-dev.txt already installed in .venv"
+    log "requirements-dev.lock already installed in .venv"
 fi

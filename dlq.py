@@ -41,8 +41,10 @@ def main(settings: Settings) -> int:
                 return cli.EXIT_OK
             for letter in letters:
                 h = letter.as_dict()
-                print(f"{letter.reason:<20} attempts={h.get('attempts', 0)} "
-                      f"status={h.get('last_status', '-')} {letter.url}  {h.get('last_error', '')}")
+                line = (f"{letter.reason:<20} attempts={h.get('attempts', 0)} "
+                        f"status={h.get('last_status', '-')} {letter.url}  "
+                        f"{h.get('last_error', '')}")
+                print(cli.escape_controls(line))  # URLs and errors came from outside
             print(f"{len(letters)} shown; by reason: {dlq.count_by_reason(letters)}")
             return cli.EXIT_OK
         if args.command == "replay":

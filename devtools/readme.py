@@ -52,10 +52,11 @@ def room_modules(room: str) -> list[Path]:
 
 
 def config_table() -> str:
-    """The configuration table, one row per knob."""
+    """The configuration table, one row per knob; a secret knob's default shows as ``***``
+    and a URL knob's through redact_url (:meth:`Knob.show`), as everywhere else."""
     rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
     for knob in KNOBS:
-        default = "(unset)" if knob.default is None else f"`{knob.default}`"
+        default = "(unset)" if knob.default is None else f"`{knob.show(knob.default)}`"
         rows.append(f"| `{knob.env}` | {default} | {knob.help} |")
     return "\n".join(rows)
 

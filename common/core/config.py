@@ -5,6 +5,11 @@ configuration table is generated from the same list (``python -m devtools.readme
 :mod:`common.core.values`.
 A bad value raises :class:`common.core.errors.ConfigError` naming the variable.
 
+Credentials are never shown: a knob marked ``secret`` (a password) appears as ``***`` and one
+marked ``url`` through :func:`common.core.redact.redact_url`, in errors, ``repr(Settings)``
+(what ``python -m common.core.config`` prints) and README's table; :meth:`Settings.secrets`
+is what the log formatters and error printers scrub.
+
 Entry scripts call :func:`load_settings` once and pass the result down explicitly; nothing
 else in ``common/`` reads ``os.environ``.
 """
@@ -16,10 +21,11 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from common.core import values
 from common.core.errors import ConfigError
+from common.core.redact import MASK, redact_url, scrub, url_secrets
 
 
 @dataclass(frozen=True)
@@ -31,25 +37,63 @@ class Knob:
     parse: Callable[[str], Any]
     default: str | None
     help: str
+    secret: bool = False  #: a password: shown as *** wherever settings are shown
+    url: bool = False  #: a URL that may carry a password: shown through redact_url
+
+    def show(self, value: str | None) -> str | None:
+        """How a value of this knob may be shown (None stays None)."""
+        if value is None or not (self.secret or self.url):
+            return value
+        return MASK if self.secret else redact_url(value)
+
+    def invalid(self, raw: str, exc: ValueError) -> ConfigError:
+        """The error for a value that does not parse, naming the variable, never a secret."""
+        if not (self.secret or self.url):
+            return ConfigError(f"{self.env}={raw!r} is invalid: {exc}")
+        shown = self.show(raw) or ""
+        text = str(exc)
+        for form in (raw, repr(raw)[1:-1]):  # the parsers quote the value with !r
+            text = text.replace(form, shown)
+        hidden = {raw} if self.secret else url_secrets(raw)
+        text = scrub(text, hidden | {repr(s)[1:-1] for s in hidden})
+        return ConfigError(f"{self.env}={shown!r} is invalid: {text}")
+
+
+def _service_url(*schemes: str) -> Callable[[str], str]:
+    """A URL with one of ``schemes`` and a host, whose port (if any) parses: else pika or
+    redis-py would fail later, quoting the port text — a password, when the ``@`` is missing."""
+    check = values.url_with_scheme(*schemes)
+
+    def parse(raw: str) -> str:
+        url = check(raw)
+        try:
+            urlsplit(url).port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            raise ValueError("its port is not a number from 0 to 65535") from None
+        return url
+
+    return parse
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("RABBITMQ_URL", "rabbitmq_url_raw", values.url_with_scheme("amqp", "amqps"), None,
-         "Full AMQP URL; when set it wins over the RABBITMQ_* parts."),
+    Knob("RABBITMQ_URL", "rabbitmq_url_raw", _service_url("amqp", "amqps"), None,
+         "Full AMQP URL; when set it wins over the RABBITMQ_* parts.", url=True),
     Knob("RABBITMQ_HOST", "rabbitmq_host", values.text, "localhost", "Broker host."),
     Knob("RABBITMQ_PORT", "rabbitmq_port", values.port, "5672", "Broker AMQP port."),
     Knob("RABBITMQ_USER", "rabbitmq_user", values.text, None,
          "Broker user (unset: pika's default, which RabbitMQ accepts from loopback only)."),
-    Knob("RABBITMQ_PASSWORD", "rabbitmq_password", values.text, None, "Broker password."),
+    Knob("RABBITMQ_PASSWORD", "rabbitmq_password", values.text, None, "Broker password.",
+         secret=True),
     Knob("RABBITMQ_VHOST", "rabbitmq_vhost", values.text, "/", "Broker virtual host."),
     Knob("RABBITMQ_HEARTBEAT_S", "rabbitmq_heartbeat_s", values.non_negative_int, "30",
          "AMQP heartbeat; fetches run off the I/O thread so long fetches never miss it."),
-    Knob("REDIS_URL", "redis_url_raw", values.url_with_scheme("redis", "rediss", "unix"), None,
-         "Full Redis URL; when set it wins over the REDIS_* parts."),
+    Knob("REDIS_URL", "redis_url_raw", _service_url("redis", "rediss", "unix"), None,
+         "Full Redis URL; when set it wins over the REDIS_* parts.", url=True),
     Knob("REDIS_HOST", "redis_host", values.text, "localhost", "Redis host."),
     Knob("REDIS_PORT", "redis_port", values.port, "6379", "Redis port."),
     Knob("REDIS_DB", "redis_db", values.non_negative_int, "0", "Redis database number."),
-    Knob("REDIS_PASSWORD", "redis_password", values.text, None, "Redis password (AUTH)."),
+    Knob("REDIS_PASSWORD", "redis_password", values.text, None, "Redis password (AUTH).",
+         secret=True),
     Knob("CONNECT_RETRY_S", "connect_retry_s", values.non_negative_float, "30",
          "How long to retry reaching RabbitMQ/Redis (exponential backoff) before giving up."),
     Knob("WORKER_ID", "worker_id", values.text, None,
@@ -133,16 +177,16 @@ KNOBS: tuple[Knob, ...] = (
          "Port of the worker's Prometheus /metrics endpoint (0: off; compose sets 9100)."),
     Knob("HEARTBEAT_INTERVAL_S", "heartbeat_interval_s", values.positive_float, "5",
          "How often a worker refreshes its workers:{id} key (TTL: 3 intervals)."),
-    Knob("RABBITMQ_MANAGEMENT_URL", "rabbitmq_management_url", values.url_with_scheme("http", "https"),
+    Knob("RABBITMQ_MANAGEMENT_URL", "rabbitmq_management_url", _service_url("http", "https"),
          None, "Management API for the status view's unacked counts and rates "
-         "(default: http://RABBITMQ_HOST:15672 with the AMQP credentials; optional)."),
+         "(default: http://RABBITMQ_HOST:15672 with the AMQP credentials; optional).", url=True),
     Knob("LOG_LEVEL", "log_level", values.log_level, "INFO", "Logging level."),
     Knob("LOG_FORMAT", "log_format", values.log_format, "text",
          "text, or json for one JSON object a line."),
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Settings:
     """Typed, immutable settings. Build with :func:`load_settings`."""
 
@@ -224,6 +268,29 @@ class Settings:
         auth = f":{quote(self.redis_password, safe='')}@" if self.redis_password else ""
         return f"redis://{auth}{self.redis_host}:{self.redis_port}/{self.redis_db}"
 
+    def __repr__(self) -> str:
+        """Every field, secrets as ``***`` and URLs redacted: safe to log or print."""
+        shown = {knob.attr: knob for knob in KNOBS if knob.secret or knob.url}
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in shown:
+                value = shown[f.name].show(value)
+            parts.append(f"{f.name}={value!r}")
+        return f"Settings({', '.join(parts)})"
+
+    def secrets(self) -> frozenset[str]:
+        """Every password these settings hold, as given, percent-encoded (the form the built
+        URLs carry) and as written inside the URLs: what printers and log formatters scrub."""
+        found: set[str] = set()
+        for knob in KNOBS:
+            value = getattr(self, knob.attr)
+            if knob.secret and value:
+                found.update((value, quote(value, safe="")))
+            elif knob.url and value:
+                found.update(url_secrets(value))
+        return frozenset(found)
+
     @property
     def effective_prefetch(self) -> int:
         return self.prefetch or 2 * self.concurrency
@@ -251,9 +318,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         try:
             values[knob.attr] = knob.parse(raw)
         except ValueError as exc:
-            raise ConfigError(f"{knob.env}={raw!r} is invalid: {exc}") from None
+            raise knob.invalid(raw, exc) from None
     return Settings(**values)
 
 
 if __name__ == "__main__":
-    print(load_settings())
+    try:
+        print(load_settings())
+    except ConfigError as exc:
+        raise SystemExit(f"configuration error: {exc}") from None

@@ -26,6 +26,7 @@ import pika.exceptions
 import redis
 import redis.exceptions
 
+from common.core.redact import redact_url
 from devtools.services.base import find_binaries, is_loopback_host
 from devtools.services.rabbitmq_server import LocalRabbitMQ
 from devtools.services.redis_server import LocalRedis
@@ -193,17 +194,9 @@ def fleet_services(env: Mapping[str, str] | None = None) -> Iterator[FleetServic
                 result.management_auth = result.rabbitmq.management_auth
                 result.sources["rabbitmq"] = "local"
         logger.info("services: rabbitmq=%s (%s), redis=%s (%s)",
-                    _redact(result.rabbitmq_url), result.sources["rabbitmq"],
-                    _redact(result.redis_url), result.sources["redis"])
+                    redact_url(result.rabbitmq_url), result.sources["rabbitmq"],
+                    redact_url(result.redis_url), result.sources["redis"])
         yield result
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
 
 
 def reset_state(rabbitmq_url: str, redis_url: str, *, all_databases: bool = False) -> None:

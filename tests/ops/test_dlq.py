@@ -2,6 +2,11 @@ from __future__ import annotations
 
 import json
 
+import pika
+
+from common.broker import topology
+from common.broker.deadletter import dead_letter_headers
+from common.broker.messages import WorkMessage
 from common.intake.producer import Producer
 from common.store.keys import failures_key
 from tests.helpers import WorkerThread, queue_depth, results
@@ -56,3 +61,16 @@ def test_purge_needs_yes_and_then_empties_the_dead_letter_queue(settings, redis_
     purged = run_cli("dlq.py", "purge", "--yes")
     assert purged.returncode == 0 and "purged 3" in purged.stdout
     assert queue_depth(amqp_channel, "failed_urls") == 0
+
+
+def test_list_shows_a_hostile_url_and_error_on_one_line(settings, run_cli, amqp_channel):
+    forged = "2026-01-01 INFO [worker-1] forged"
+    body = WorkMessage(url=f"http://127.0.0.1:9/x\n{forged}").to_json()
+    headers = dead_letter_headers("worker_error", last_error=f"boom\r\n{forged}-error")
+    amqp_channel.basic_publish(topology.FAILED_EXCHANGE, topology.FAILED_ROUTING_KEY, body,
+                               properties=pika.BasicProperties(headers=headers,
+                                                               delivery_mode=2))
+    listing = run_cli("dlq.py", "list")
+    assert listing.returncode == 0, listing.stderr
+    assert not [line for line in listing.stdout.splitlines() if line.startswith(forged)]
+    assert "\\n2026-01-01 INFO" in listing.stdout

@@ -8,8 +8,15 @@
                              whose outcome (one result or one dead letter) is recorded. A
                              redelivered message of a done URL is acked without a second
                              result (kill -9, lost acks). NOTES.md #14.
-    results                  STREAM, one entry per fetched URL (field ``json``), capped with an
-                             approximate MAXLEN (RESULTS_MAXLEN).
+    results                  STREAM, one entry per fetched URL (field ``json``). Capped with an
+                             approximate MAXLEN (RESULTS_MAXLEN) while no sink is registered;
+                             with sinks, trimmed below what every sink acknowledged. Each
+                             sink reads it through its consumer group ``sink:{name}``.
+    failures                 STREAM, one failure record per dead-lettered URL (field ``json``),
+                             appended once the dead letter is confirmed; capped and read by
+                             the sinks like ``results``.
+    sinks                    SET of registered result sink names (a sink's group is
+                             ``sink:{name}``); SREM and XGROUP DESTROY to retire one.
     stats:counters           HASH of fleet-wide counters (HINCRBY): cache_hits, cache_misses,
                              expired, released, retries, robots_blocked, rate_limited,
                              dead_lettered:{reason}.
@@ -39,12 +46,19 @@ from __future__ import annotations
 SEEN_PREFIX = "crawled_urls:"
 DONE_PREFIX = "done:"
 RESULTS_STREAM = "results"
+FAILURES_STREAM = "failures"
+SINKS = "sinks"
 COUNTERS = "stats:counters"
 
 
 def seen_bucket(bucket: int, prefix: str = SEEN_PREFIX) -> str:
     """The key of bucket number ``bucket`` of a fingerprint set (seen-set by default)."""
     return f"{prefix}{bucket:x}"
+
+
+def sink_group(name: str) -> str:
+    """The consumer group on ``results`` through which sink ``name`` reads."""
+    return f"sink:{name}"
 
 
 def content_key(url: str) -> str:

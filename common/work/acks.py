@@ -17,6 +17,8 @@ from typing import Any
 from common.broker.publisher import Confirm
 from common.store.marks import DoneMark
 
+Record = dict[str, Any]
+
 
 @dataclass
 class Delivery:
@@ -34,17 +36,17 @@ class AckLedger:
     """Acks, nacks and confirm bookkeeping for the current channel.
 
     Args:
-        mark_done: called with a delivery's done mark once every publish of its outcome is
-            confirmed (dead letters), before the delivery is acked.
+        confirmed: called with a delivery's done mark and failure record once every publish
+            of its outcome is confirmed (dead letters), before the delivery is acked.
     """
 
-    def __init__(self, mark_done: Callable[[DoneMark], None]) -> None:
+    def __init__(self, confirmed: Callable[[DoneMark | None, Record | None], None]) -> None:
         self.inflight: dict[int, Delivery] = {}
-        self._mark_done = mark_done
+        self._confirmed = confirmed
         self._channel: Any = None  # pika's asynchronous channel under the BlockingChannel
         self._acks: list[int] = []  # settled with an ack, not yet handed to the channel
         self._awaiting: dict[int, list[bool]] = {}  # tag -> confirm results so far
-        self._marks: dict[int, DoneMark | None] = {}
+        self._marks: dict[int, tuple[DoneMark | None, Record | None]] = {}
 
     def reset(self, channel: Any) -> None:
         """Start over on a new channel (the old one's tags are void)."""
@@ -63,10 +65,11 @@ class AckLedger:
         if not delivery.early_acked:
             self.inflight[delivery.tag] = delivery
 
-    def expect_confirms(self, tag: int, mark: DoneMark | None) -> None:
+    def expect_confirms(self, tag: int, mark: DoneMark | None,
+                        record: Record | None = None) -> None:
         """The outcome of delivery ``tag`` is being published: settle it on the confirms."""
         self._awaiting[tag] = []
-        self._marks[tag] = mark
+        self._marks[tag] = (mark, record)
 
     def settle(self, confirms: Iterable[Confirm]) -> list[int]:
         """Take publisher confirms (token ``(tag, expected)``); ack each delivery whose every
@@ -81,9 +84,9 @@ class AckLedger:
             if len(results) < expected:
                 continue
             del self._awaiting[tag]
-            mark = self._marks.pop(tag, None)
-            if all(results) and mark is not None:
-                self._mark_done(mark)
+            mark, record = self._marks.pop(tag, (None, None))
+            if all(results) and (mark is not None or record is not None):
+                self._confirmed(mark, record)
             if tag not in self.inflight:
                 continue  # an early-acked delivery: nothing left to settle
             if all(results):

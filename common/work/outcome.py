@@ -46,6 +46,9 @@ class Outcome:
     #: The URL's done mark, set once the publishes are confirmed (dead letters), so a
     #: redelivery of the same message does not dead-letter the URL twice.
     mark_done: DoneMark | None = None
+    #: The failure record appended to ``results`` once the publishes are confirmed (dead
+    #: letters), so the URL's final outcome reaches the result sinks.
+    record: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,9 @@ def park(message: WorkMessage, queue: str, delay_ms: float, why: str) -> Outcome
 
 
 def dead_letter(url: str, body: bytes, headers: dict[str, Any], detail: str,
-                mark_done: DoneMark | None = None) -> Outcome:
-    """Publish ``body`` to ``failed_urls`` with its dead-letter ``headers``."""
+                record: dict[str, Any], mark_done: DoneMark | None = None) -> Outcome:
+    """Publish ``body`` to ``failed_urls`` with its dead-letter ``headers``; once confirmed,
+    ``record`` (the failure record) is appended to the results."""
     return Outcome("dead_letter", url, (Publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body,
                                                 headers=headers),),
-                   detail=detail, mark_done=mark_done)
+                   detail=detail, mark_done=mark_done, record=record)

@@ -34,7 +34,7 @@ from common.core.errors import (
     InvalidURL,
     classify_status,
 )
-from common.core.urls import Fingerprint, canonicalize, domain_of, fingerprint
+from common.core.urls import canonicalize, domain_of
 from common.intake.crawl import LinkFollower
 from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import COUNTERS, failures_key
@@ -45,6 +45,7 @@ from common.web.fetch import Fetcher, FetchResult
 from common.web.ratelimit import RateLimiter, retime_permit
 from common.web.robots import RobotsRules, RobotsStore, origin_of
 from common.work import metrics
+from common.work.expired import release_expired
 from common.work.outcome import Failure, Outcome, dead_letter, park
 from common.work.parse import NotHTML, is_html, parse_html
 
@@ -108,23 +109,12 @@ class Processor:
                 if self._is_done(url, message):
                     return Outcome("already_done", url, detail="redelivered, already dead-lettered")
                 self.client.hincrby(COUNTERS, "robots_blocked", 1)
-                return self._dead_letter(message, url, Failure("robots_disallowed"))
+                return self._dead_letter(message, url, queue, Failure("robots_disallowed"))
         return self._admit_and_fetch(url, message, queue, rules)
 
     def process_expired(self, body: bytes) -> Outcome:
         """A message that expired in a work queue: release its fingerprint and count it."""
-        try:
-            message = WorkMessage.from_json(body)
-        except BadMessage as exc:
-            self.client.hincrby(COUNTERS, "expired", 1)
-            return Outcome("released", "<unparsable>", detail=f"expired bad message: {exc}")
-        fp = _fingerprint_of(message)
-        released = self.seen.remove_many([fp]) if fp is not None else 0
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hincrby(COUNTERS, "expired", 1)
-        pipe.hincrby(COUNTERS, "released", released)
-        pipe.execute()
-        return Outcome("released", message.url, detail="expired; fingerprint released")
+        return release_expired(body, self.seen)
 
     def worker_error(self, body: bytes, exc: BaseException) -> Outcome:
         """The outcome for a message whose processing raised an unexpected exception."""
@@ -148,7 +138,7 @@ class Processor:
             try:
                 self.robots.refresh(origin, partial(self._fetch_with_permit, admission.permit))
             except FetchError as exc:  # blocked: the page is on the same origin, refused too
-                return self._dead_letter(message, url, Failure(
+                return self._dead_letter(message, url, queue, Failure(
                     "fetch_blocked", error=f"{exc.kind}: {exc}"))
             return None
         finally:
@@ -205,7 +195,7 @@ class Processor:
             failure = Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")
             if exc.transient:
                 return self._failed(url, message, queue, failure, retime=retime)
-            return self._dead_letter(message, url, failure, retime=retime)
+            return self._dead_letter(message, url, queue, failure, retime=retime)
         retime = Retime(admission.permit, response.sent_at)
         verdict = classify_status(response.status)
         if verdict == OK:
@@ -214,7 +204,7 @@ class Processor:
         failure = Failure(f"http_{response.status}", status=response.status,
                            retry_after=response.headers.get("retry-after"))
         if verdict == PERMANENT:
-            return self._dead_letter(message, url, failure, retime=retime)
+            return self._dead_letter(message, url, queue, failure, retime=retime)
         return self._failed(url, message, queue, failure, retime=retime)
 
     def _record(self, url: str, message: WorkMessage, queue: str, response: FetchResult,
@@ -276,7 +266,7 @@ class Processor:
                           extra={**message.extra, "first_failure": first_failure,
                                  "last_status": failure.status, "last_error": failure.error})
         if failures > self.settings.max_retries:
-            return self._dead_letter(updated, url, failure, gave_up=True)
+            return self._dead_letter(updated, url, queue, failure, gave_up=True)
         delay_s = retry_delay_s(failures, failure.retry_after, base_s=self.settings.retry_base_s,
                                 max_s=self.settings.retry_max_s,
                                 retry_after_max_s=self.settings.retry_after_max_s)
@@ -285,7 +275,7 @@ class Processor:
         return park(updated, queue, delay_s * 1000,
                           f"retry {failures}/{self.settings.max_retries} after {failure.reason}")
 
-    def _dead_letter(self, message: WorkMessage, url: str, failure: Failure, *,
+    def _dead_letter(self, message: WorkMessage, url: str, queue: str, failure: Failure, *,
                      gave_up: bool = False, retime: Retime | None = None) -> Outcome:
         reason = "max_retries" if gave_up else failure.reason
         headers = dead_letter_headers(
@@ -301,6 +291,7 @@ class Processor:
             retime_permit(pipe, retime)
         pipe.execute()
         return dead_letter(url, body, headers, f"{reason} ({failure.reason})",
+                           self._failure_record(url, headers, queue, message.depth),
                            mark_done=self._done_mark(url, message))
 
     def _retime_now(self, retime: Retime) -> None:
@@ -331,16 +322,20 @@ class Processor:
     def _dead_letter_raw(self, body: bytes, url: str, reason: str, error: str) -> Outcome:
         headers = dead_letter_headers(reason, last_error=error)
         self.client.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
-        return dead_letter(url, body, headers, f"{reason}: {error}")
+        return dead_letter(url, body, headers, f"{reason}: {error}",
+                           self._failure_record(url, headers, None, None))
 
+    def _failure_record(self, url: str, headers: dict[str, Any], queue: str | None,
+                        depth: int | None) -> dict[str, Any]:
+        """What the results get for a dead-lettered URL (see common/store/results.py)."""
+        return {"url": url, "outcome": "dead_letter", **headers, "worker": self.settings.worker_id,
+                "queue": queue, "depth": depth, "failed_at": round(time.time(), 3)}
 
-def _fingerprint_of(message: WorkMessage) -> Fingerprint | None:
-    if message.fp:
-        try:
-            return Fingerprint(bytes.fromhex(message.fp))
-        except ValueError:
-            logger.warning("bad fingerprint %r in an expired message", message.fp)
-    try:
-        return fingerprint(canonicalize(message.url))
-    except InvalidURL:
-        return None
+    def record_dead_letter(self, mark: DoneMark | None, record: dict[str, Any] | None) -> None:
+        """The dead letter is confirmed: mark the URL done and append its failure record, in
+        one round trip (once per URL: a second confirm of the same URL appends nothing)."""
+        if record is None:
+            if mark is not None:
+                self.done.add(mark)
+            return
+        self.results.record_failure(record, mark)

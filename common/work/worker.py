@@ -33,13 +33,14 @@ from typing import Any
 
 import pika
 import pika.exceptions
+import redis
 
 from common.broker import topology
 from common.broker.connection import connect_rabbitmq
 from common.broker.publisher import ConfirmingPublisher
 from common.core.backoff import reconnect_delay_s
 from common.core.config import Settings
-from common.core.errors import AMQP_CONNECTION_LOST, REDIS_UNAVAILABLE, ServiceUnavailable
+from common.core.errors import AMQP_CONNECTION_LOST, ServiceUnavailable
 from common.store.marks import DoneMark
 from common.work import metrics
 from common.work.acks import AckLedger, Delivery
@@ -70,7 +71,7 @@ class Worker:
         self._connection: pika.BlockingConnection | None = None
         self._channel: Any = None
         self._publisher: ConfirmingPublisher | None = None
-        self.ledger = AckLedger(self._mark_done)
+        self.ledger = AckLedger(self._record_dead_letter)
         self._last_delivery = time.monotonic()
         self._consumed_since_connect = False
         self._completed: collections.deque[tuple[Delivery, Outcome | None]] = (
@@ -243,7 +244,7 @@ class Worker:
                 self.ledger.ack(delivery.tag)
             return
         assert self._publisher is not None
-        self.ledger.expect_confirms(delivery.tag, outcome.mark_done)
+        self.ledger.expect_confirms(delivery.tag, outcome.mark_done, outcome.record)
         for publish in outcome.publishes:
             self._publisher.publish(publish.exchange, publish.routing_key, publish.body,
                                     token=(delivery.tag, len(outcome.publishes)),
@@ -255,13 +256,14 @@ class Worker:
         for tag in self.ledger.settle(self._publisher.take()):
             logger.warning("publish for delivery %d not confirmed: returned it to its queue", tag)
 
-    def _mark_done(self, mark: DoneMark) -> None:
-        # On the I/O thread, but rare (dead letters only) and one loopback SADD. If Redis is
-        # away the mark is skipped: the delivery is acked anyway, so nothing is redelivered.
+    def _record_dead_letter(self, mark: DoneMark | None, record: dict[str, Any] | None) -> None:
+        # On the I/O thread, but rare (dead letters only) and one loopback script call. If
+        # Redis is away or refuses, the failure record is skipped: the dead letter itself is
+        # durable in failed_urls, and the delivery is acked anyway (nothing is redelivered).
         try:
-            self.processor.done.add(mark)
-        except REDIS_UNAVAILABLE as exc:
-            logger.warning("could not mark a dead-lettered URL done (Redis: %s)", exc)
+            self.processor.record_dead_letter(mark, record)
+        except redis.RedisError as exc:
+            logger.warning("could not record a dead-lettered URL's outcome (Redis: %s)", exc)
 
     def _graceful_shutdown(self, consumer_tags: list[str]) -> None:
         for tag in consumer_tags:

@@ -22,7 +22,8 @@ class RecordingChannel:
 
 def ledger_with(inflight: list[int], marked: list[DoneMark] | None = None
                 ) -> tuple[AckLedger, RecordingChannel]:
-    ledger = AckLedger((marked if marked is not None else []).append)
+    sink = marked if marked is not None else []
+    ledger = AckLedger(lambda mark, _record: sink.append(mark))
     channel = RecordingChannel()
     ledger.reset(channel)
     for tag in inflight:

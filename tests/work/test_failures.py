@@ -18,7 +18,7 @@ from common.core.config import Settings
 from common.core.urls import canonicalize
 from common.intake.producer import Producer
 from common.intake.routing import Router
-from common.store.keys import COUNTERS, failures_key
+from common.store.keys import COUNTERS, FAILURES_STREAM, failures_key
 from devtools.testsite import RequestRecord
 from tests.helpers import WorkerThread, drain, publish_raw, queue_depth, results, wait_for
 
@@ -232,6 +232,11 @@ def test_every_seeded_url_ends_exactly_once_as_a_result_or_a_dead_letter(
     assert set(recorded) | set(dead) == seeded
     assert set(recorded) == {canonicalize(u) for u in [*pages, *succeed_late]}
     assert {h["reason"] for h in dead.values()} == {"http_404", "http_410", "max_retries"}
+    # Every dead letter also left one failure record, so sinks see every URL's final outcome.
+    failures = [json.loads(f[b"json"]) for _id, f in redis_client.xrange(FAILURES_STREAM)]
+    assert sorted(f["url"] for f in failures) == sorted(dead)
+    assert {f["outcome"] for f in failures} == {"dead_letter"}
+    assert {f["url"]: f["reason"] for f in failures} == {u: h["reason"] for u, h in dead.items()}
 
 
 def test_expired_url_is_released_and_can_be_enqueued_again(settings, redis_client,

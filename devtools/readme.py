@@ -24,7 +24,7 @@ from common.store import keys
 REPO_ROOT = Path(__file__).resolve().parent.parent
 README = REPO_ROOT / "README.md"
 #: Rooms of ``common/`` in the order a URL meets them (lowest floor first).
-ROOMS = ("core", "broker", "store", "web", "intake", "work", "ops")
+ROOMS = ("core", "broker", "store", "web", "intake", "work", "sink", "ops")
 #: Top-level folders beside ``common/`` and what they hold.
 SUPPORT = {
     "devtools/": "local RabbitMQ and Redis for the tests and the local run, the loopback "

@@ -19,7 +19,8 @@ MAY_IMPORT = {
     "web": {"core", "store"},
     "intake": {"core", "broker", "store", "web"},
     "work": {"core", "broker", "store", "web", "intake"},
-    "ops": {"core", "broker", "store", "web", "intake", "work"},
+    "sink": {"core", "store"},
+    "ops": {"core", "broker", "store", "web", "intake", "work", "sink"},
 }
 MAX_MODULE_LINES = 350
 MAX_ENTRY_SCRIPT_LINES = 120

@@ -5,6 +5,7 @@ variable's name."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -125,3 +126,10 @@ def url_with_scheme(*schemes: str) -> Callable[[str], str]:
         return raw
 
     return parse
+
+
+def identifier(raw: str) -> str:
+    """A plain SQL identifier (letters, digits, underscores; not starting with a digit)."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", raw):
+        raise ValueError(f"expected a plain identifier (letters, digits, _), got {raw!r}")
+    return raw

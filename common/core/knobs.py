@@ -1,0 +1,205 @@
+"""Every setting: its environment variable, parser, default and meaning, in one table.
+
+:data:`KNOBS` is what :func:`common.core.config.load_settings` reads and what README's
+configuration table is generated from (``python -m devtools.readme``). A knob marked ``secret``
+or ``url`` is never shown with its password.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from common.core import values
+from common.core.errors import ConfigError
+from common.core.redact import MASK, redact_url, scrub, url_secrets
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One environment variable: its name, parser, default and meaning."""
+
+    env: str
+    attr: str
+    parse: Callable[[str], Any]
+    default: str | None
+    help: str
+    secret: bool = False  #: a password: shown as *** wherever settings are shown
+    url: bool = False  #: a URL that may carry a password: shown through redact_url
+
+    def show(self, value: str | None) -> str | None:
+        """How a value of this knob may be shown (None stays None)."""
+        if value is None or not (self.secret or self.url):
+            return value
+        return MASK if self.secret else redact_url(value)
+
+    def invalid(self, raw: str, exc: ValueError) -> ConfigError:
+        """The error for a value that does not parse, naming the variable, never a secret."""
+        if not (self.secret or self.url):
+            return ConfigError(f"{self.env}={raw!r} is invalid: {exc}")
+        shown = self.show(raw) or ""
+        text = str(exc)
+        for form in (raw, repr(raw)[1:-1]):  # the parsers quote the value with !r
+            text = text.replace(form, shown)
+        hidden = {raw} if self.secret else url_secrets(raw)
+        text = scrub(text, hidden | {repr(s)[1:-1] for s in hidden})
+        return ConfigError(f"{self.env}={shown!r} is invalid: {text}")
+
+
+def _service_url(*schemes: str) -> Callable[[str], str]:
+    """A URL with one of ``schemes`` and a host, whose port (if any) parses: else pika or
+    redis-py would fail later, quoting the port text — a password, when the ``@`` is missing."""
+    check = values.url_with_scheme(*schemes)
+
+    def parse(raw: str) -> str:
+        url = check(raw)
+        try:
+            urlsplit(url).port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            raise ValueError("its port is not a number from 0 to 65535") from None
+        return url
+
+    return parse
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("RABBITMQ_URL", "rabbitmq_url_raw", _service_url("amqp", "amqps"), None,
+         "Full AMQP URL; when set it wins over the RABBITMQ_* parts.", url=True),
+    Knob("RABBITMQ_HOST", "rabbitmq_host", values.text, "localhost", "Broker host."),
+    Knob("RABBITMQ_PORT", "rabbitmq_port", values.port, "5672", "Broker AMQP port."),
+    Knob("RABBITMQ_USER", "rabbitmq_user", values.text, None,
+         "Broker user (unset: pika's default, which RabbitMQ accepts from loopback only)."),
+    Knob("RABBITMQ_PASSWORD", "rabbitmq_password", values.text, None, "Broker password.",
+         secret=True),
+    Knob("RABBITMQ_VHOST", "rabbitmq_vhost", values.text, "/", "Broker virtual host."),
+    Knob("RABBITMQ_HEARTBEAT_S", "rabbitmq_heartbeat_s", values.non_negative_int, "30",
+         "AMQP heartbeat; fetches run off the I/O thread so long fetches never miss it."),
+    Knob("REDIS_URL", "redis_url_raw", _service_url("redis", "rediss", "unix"), None,
+         "Full Redis URL; when set it wins over the REDIS_* parts.", url=True),
+    Knob("REDIS_HOST", "redis_host", values.text, "localhost", "Redis host."),
+    Knob("REDIS_PORT", "redis_port", values.port, "6379", "Redis port."),
+    Knob("REDIS_DB", "redis_db", values.non_negative_int, "0", "Redis database number."),
+    Knob("REDIS_PASSWORD", "redis_password", values.text, None, "Redis password (AUTH).",
+         secret=True),
+    Knob("CONNECT_RETRY_S", "connect_retry_s", values.non_negative_float, "30",
+         "How long to retry reaching RabbitMQ/Redis (exponential backoff) before giving up."),
+    Knob("WORKER_ID", "worker_id", values.text, None,
+         "Worker id in logs and results (default: hostname-pid)."),
+    Knob("WORKER_CONCURRENCY", "concurrency", values.positive_int, "8",
+         "Parallel fetches per worker process (threads); --concurrency overrides."),
+    Knob("PARSE_CONCURRENCY", "parse_concurrency", values.positive_int, "2",
+         "Fetch threads that may parse and record at once; more only trade the GIL "
+         "(NOTES #26)."),
+    Knob("PREFETCH", "prefetch", values.non_negative_int, "0",
+         "basic_qos prefetch per consumer (0: twice the concurrency)."),
+    Knob("PRIORITY_AUTO_ACK", "priority_auto_ack", values.boolean, "false",
+         "Consume priority_queue with auto-ack (prototype mode): faster, but a crash loses "
+         "the messages in flight."),
+    Knob("IDLE_EXIT_S", "idle_exit_s", values.non_negative_float, "0",
+         "Exit 0 after this long with no message (0: never); --idle-exit overrides."),
+    Knob("USER_AGENT", "user_agent", values.text, "scrape-fleet/0.1 (+https://example.invalid/bot)",
+         "User-Agent header sent with every fetch."),
+    Knob("CONNECT_TIMEOUT_S", "connect_timeout_s", values.positive_float, "5", "HTTP connect timeout."),
+    Knob("READ_TIMEOUT_S", "read_timeout_s", values.positive_float, "20", "HTTP read timeout."),
+    Knob("MAX_BODY_BYTES", "max_body_bytes", values.positive_int, "10485760",
+         "Largest response body read (decoded bytes); longer bodies are cut and marked."),
+    Knob("FETCH_ALLOW_NETWORKS", "fetch_allow_networks", values.parse_networks, "",
+         "CIDRs the address guard lets fetches connect to although they are not public "
+         "(e.g. 127.0.0.0/8 for local test sites). Empty: public addresses only."),
+    Knob("MAX_REDIRECTS", "max_redirects", values.non_negative_int, "10",
+         "Redirect hops followed (each hop guarded and capped)."),
+    Knob("MAX_HEADER_BYTES", "max_header_bytes", values.positive_int, "65536",
+         "Largest total size of response headers."),
+    Knob("FETCH_TOTAL_TIMEOUT_S", "fetch_total_timeout_s", values.positive_float, "60",
+         "Longest a whole fetch may take, redirects and a slow-drip body included."),
+    Knob("ALLOWED_CONTENT_TYPES", "allowed_content_types", values.text,
+         "text/html,application/xhtml+xml",
+         "Content types whose body is read and parsed; others are recorded, not read."),
+    Knob("RESULTS_MAXLEN", "results_maxlen", values.positive_int, "1000000",
+         "Approximate MAXLEN of the `results` stream."),
+    Knob("MAX_URL_LENGTH", "max_url_length", values.positive_int, "2048",
+         "Longest URL accepted by the producer."),
+    Knob("SEEN_BUCKETS", "seen_buckets", values.power_of_two, "16384",
+         "Number of small Redis sets the seen-fingerprints are spread over (power of two)."),
+    Knob("PRODUCER_BATCH", "producer_batch", values.positive_int, "1000",
+         "URLs per dedupe pipeline and confirm batch in the producer."),
+    Knob("ROUTING_RULES", "routing_rules", values.text, None,
+         "JSON list of routing rules or @path to a JSON file (default: the prototype's rules)."),
+    Knob("RATE_LIMIT", "rate_limit", values.rate, "60/minute",
+         "Requests per domain shared by the whole fleet, in `limits` notation (2/second)."),
+    Knob("RATE_LIMITS", "rate_limit_overrides", values.rate_overrides, "",
+         "Per-domain overrides: host=rate,host=rate (a host also covers its subdomains)."),
+    Knob("RATE_LIMIT_GUARD", "rate_limit_guard", values.fraction, "0.02",
+         "Extra fraction of the window kept free, so network jitter cannot push two "
+         "requests into one server-side window."),
+    Knob("ROBOTS_ENABLED", "robots_enabled", values.boolean, "true", "Obey robots.txt."),
+    Knob("ROBOTS_USER_AGENT", "robots_user_agent", values.text, "scrape-fleet",
+         "Product token matched against robots.txt User-agent lines."),
+    Knob("ROBOTS_TTL_S", "robots_ttl_s", values.positive_int, "86400",
+         "How long a fetched robots.txt is cached in Redis."),
+    Knob("CACHE_TTL_S", "cache_ttl_s", values.non_negative_int, "60",
+         "Response cache TTL (content:{url}); 0 disables the cache."),
+    Knob("CACHE_MAX_BYTES", "cache_max_bytes", values.positive_int, "1048576",
+         "Largest compressed response kept in the cache."),
+    Knob("MAX_RETRIES", "max_retries", values.non_negative_int, "3",
+         "Retries of a transient failure (timeout, connection, 5xx, 429) before the DLQ."),
+    Knob("RETRY_BASE_S", "retry_base_s", values.positive_float, "2",
+         "First retry delay; doubles each attempt (half of it fixed, half random: equal jitter)."),
+    Knob("RETRY_MAX_S", "retry_max_s", values.positive_float, "300",
+         "Longest backoff delay (Retry-After may ask for more, up to RETRY_AFTER_MAX_S)."),
+    Knob("RETRY_AFTER_MAX_S", "retry_after_max_s", values.positive_float, "3600",
+         "Longest Retry-After honoured; longer requests are capped."),
+    Knob("FAILURES_TTL_S", "failures_ttl_s", values.positive_int, "86400",
+         "Expiry of the failures:{url} retry counters."),
+    Knob("CRAWL_ENABLED", "crawl_enabled", values.boolean, "false",
+         "Crawl mode: workers enqueue the links they extract (through the producer path)."),
+    Knob("CRAWL_MAX_DEPTH", "crawl_max_depth", values.non_negative_int, "2",
+         "Links are followed while the new depth stays at or below this (seeds are depth 0)."),
+    Knob("CRAWL_ALLOWED_DOMAINS", "crawl_allowed_domains", values.text, "",
+         "Comma-separated domains links may go to (and their subdomains); empty: the "
+         "page's own host only."),
+    Knob("CRAWL_MAX_PAGES_PER_DOMAIN", "crawl_max_pages", values.positive_int, "10000",
+         "Pages crawl mode may enqueue per domain (counted in Redis, fleet-wide)."),
+    Knob("MAX_RECORD_BYTES", "max_record_bytes", values.positive_int, "65536",
+         "Largest result record (JSON bytes); a longer one loses links first, then its longest "
+         "fields, and is flagged `record_truncated`."),
+    Knob("RECORD_MAX_LINKS", "record_max_links", values.non_negative_int, "1000",
+         "Links kept in a result record (crawl mode still follows every link it extracted)."),
+    Knob("REDIS_MEMORY_HIGH", "redis_memory_high", values.fraction, "0.9",
+         "Workers stop taking deliveries while Redis uses more than this fraction of its "
+         "maxmemory (no maxmemory: never)."),
+    Knob("REDIS_MEMORY_LOW", "redis_memory_low", values.fraction, "0.8",
+         "...and take them again below this fraction."),
+    Knob("RESULTS_BACKLOG_HIGH", "results_backlog_high", values.positive_int, "500000",
+         "Workers stop taking deliveries while a registered sink has more unwritten results "
+         "and failure records than this..."),
+    Knob("RESULTS_BACKLOG_LOW", "results_backlog_low", values.positive_int, "250000",
+         "...and take them again below this."),
+    Knob("PRESSURE_CHECK_S", "pressure_check_s", values.positive_float, "1",
+         "How often a worker reads Redis memory and the sinks' backlog."),
+    Knob("SINK_BATCH", "sink_batch", values.positive_int, "500",
+         "Stream entries a sink reads, writes durably and acknowledges at a time."),
+    Knob("SINK_DIR", "sink_dir", values.text, "results",
+         "Directory of the files sink (gzip JSON Lines parts)."),
+    Knob("SINK_ROTATE_BYTES", "sink_rotate_bytes", values.positive_int, "134217728",
+         "A files-sink part is closed once its compressed size passes this..."),
+    Knob("SINK_ROTATE_S", "sink_rotate_s", values.positive_float, "3600",
+         "...or once it has been open this long."),
+    Knob("POSTGRES_URL", "postgres_url", values.url_with_scheme("postgresql", "postgres"), None,
+         "PostgreSQL for the postgres sink (postgresql://user:password@host:5432/db).",
+         url=True),
+    Knob("POSTGRES_TABLE", "postgres_table", values.identifier, "crawl_results",
+         "Table the postgres sink upserts into (one row per URL)."),
+    Knob("METRICS_PORT", "metrics_port", values.non_negative_int, "0",
+         "Port of the worker's Prometheus /metrics endpoint (0: off; compose sets 9100)."),
+    Knob("HEARTBEAT_INTERVAL_S", "heartbeat_interval_s", values.positive_float, "5",
+         "How often a worker refreshes its workers:{id} key (TTL: 3 intervals)."),
+    Knob("RABBITMQ_MANAGEMENT_URL", "rabbitmq_management_url", _service_url("http", "https"),
+         None, "Management API for the status view's unacked counts and rates "
+         "(default: http://RABBITMQ_HOST:15672 with the AMQP credentials; optional).", url=True),
+    Knob("LOG_LEVEL", "log_level", values.log_level, "INFO", "Logging level."),
+    Knob("LOG_FORMAT", "log_format", values.log_format, "text",
+         "text, or json for one JSON object a line."),
+)

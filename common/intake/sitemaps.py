@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -49,7 +50,7 @@ from common.intake.sitemap_files import (
 )
 from common.web.fetch import Fetcher, FetchResult
 from common.web.ratelimit import RateLimiter
-from common.web.robots import RULES, RobotsStore, origin_of, robots_url
+from common.web.robots import RULES, RobotsStore, origin_of, robots_fetcher, robots_url
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class SitemapReader:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.fetcher = fetcher or Fetcher(settings.with_overrides(
             max_body_bytes=MAX_SITEMAP_BYTES))
+        # robots.txt is read no further than it is used (500 KiB), not up to a sitemap's 50 MB.
+        self._robots_fetcher = fetcher or robots_fetcher(settings)
         self.limiter = RateLimiter(client, settings)
         self.robots = RobotsStore(client, settings.robots_user_agent, settings.robots_ttl_s)
         self._sleep = sleep
@@ -107,7 +110,7 @@ class SitemapReader:
         except FetchError as exc:
             raise SitemapError(f"fetch failed ({exc.kind}): {exc}") from None
 
-    def fetch_politely(self, url: str) -> FetchResult:
+    def fetch_politely(self, url: str, fetcher: Fetcher | None = None) -> FetchResult:
         """GET ``url`` after taking a rate-limit permit for its domain (waiting if need be).
 
         Raises:
@@ -124,7 +127,7 @@ class SitemapReader:
                 self._sleep(max(admission.wait_ms, 1) / 1000)
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"Redis failed (rate limit): {exc}") from None
-        return self.fetcher.fetch(url, accept_any_type=True)
+        return (fetcher or self.fetcher).fetch(url, accept_any_type=True)
 
     def robots_sitemaps(self, origin: str) -> list[str]:
         """The ``Sitemap:`` URLs of ``origin``'s robots.txt (cached fleet-wide), absolute.
@@ -135,7 +138,8 @@ class SitemapReader:
         try:
             rules = self.robots.get(origin)
             if rules is None:
-                rules = self.robots.refresh(origin, self.fetch_politely)
+                rules = self.robots.refresh(origin, partial(self.fetch_politely,
+                                                            fetcher=self._robots_fetcher))
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"Redis failed (robots cache): {exc}") from None
         except FetchError as exc:  # only "blocked" comes out of refresh

@@ -9,8 +9,14 @@ ROBOTS_TTL_S (24 h). Status, per RFC 9309:
                    are retried later with backoff (a transient failure), and the entry is kept
                    only briefly (UNAVAILABLE_TTL_S) so robots.txt is tried again soon.
 
-Each worker keeps parsed entries in memory for LOCAL_TTL_S, so robots costs no round trip on
-the hot path. :meth:`RobotsStore.refresh` is the one place robots.txt is fetched and stored.
+A robots.txt is hostile input too (NOTES #12): at most MAX_ROBOTS_BYTES of it is read (a line
+cut there is dropped), and protego only ever sees the group we obey, capped
+(common/web/robots_rules.py), so parsing, matching and memory are bounded per origin.
+
+Each worker keeps parsed entries in memory (:class:`LocalRules`) for LOCAL_TTL_S, so robots
+costs no round trip on the hot path; expired entries are dropped, and all of them together
+stay within LOCAL_MAX_BYTES (measured per entry) and LOCAL_MAX_ORIGINS, the least recently
+used evicted first. :meth:`RobotsStore.refresh` is the one place robots.txt is fetched and stored.
 Its caller hands it the fetch, and with it its own wait policy: a worker fetches only while it
 holds ``robots:lock:{origin}`` and parks the URL when that lock or a rate-limit permit is not to
 be had now; the sitemap reader sleeps until its permit is due. Either way the robots.txt
@@ -32,9 +38,11 @@ from urllib.parse import urlsplit
 import redis
 from protego import Protego
 
+from common.core.config import Settings
 from common.core.errors import FetchError
 from common.store.keys import robots_key, robots_lock_key
-from common.web.fetch import FetchResult
+from common.web.fetch import Fetcher, FetchResult
+from common.web.robots_rules import deep_size, reduce
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +50,12 @@ ROBOTS_PATH = "/robots.txt"
 
 LOCAL_TTL_S = 60.0
 LOCAL_MAX_ORIGINS = 10_000
+LOCAL_MAX_BYTES = 16 * 1024 * 1024  # >= 16 worst-case origins (~1 MiB), thousands of usual ones
+LOCAL_SWEEP_S = 5.0
 UNAVAILABLE_TTL_S = 60
 LOCK_MS = 30_000
-MAX_ROBOTS_BYTES = 500 * 1024  # RFC 9309: parse at least 500 KiB
+MAX_ROBOTS_BYTES = 500 * 1024  # RFC 9309: parse at least 500 KiB; Google: the rest is ignored
+MAX_MATCH_URL_CHARS = 8 * 1024  # longer URLs (4x MAX_URL_LENGTH) are not judged: disallowed
 
 ALLOW_ALL = "allow_all"
 RULES = "ok"
@@ -67,24 +78,38 @@ class RobotsEntry:
     body: str = ""
     detail: str = ""
 
-    def parser(self) -> Protego | None:
-        return Protego.parse(self.body) if self.status == RULES else None
-
 
 class RobotsRules:
-    """A parsed entry: answers allowed/crawl-delay for one origin."""
+    """A parsed entry: answers allowed/crawl-delay for one origin.
+
+    ``entry.body`` is the reduced robots.txt (robots_rules.reduce: the group we obey, capped,
+    and the Sitemap lines), not the site's text, which only Redis keeps. ``dropped`` counts
+    the rules and Sitemap lines the caps left out; ``size_bytes`` estimates the memory held.
+    """
 
     def __init__(self, entry: RobotsEntry, user_agent: str) -> None:
-        self.entry = entry
         self.user_agent = user_agent
-        self._parser = entry.parser()
+        self.dropped = 0
+        self._parser: Protego | None = None
+        if entry.status == RULES:
+            reduced = reduce(entry.body, user_agent)
+            entry = RobotsEntry(RULES, reduced.text, entry.detail)
+            self._parser = Protego.parse(reduced.text)
+            self.dropped = reduced.dropped
+            self._parser.can_fetch("/", user_agent)  # builds protego's lazy index now
+        self.entry = entry
+        self.size_bytes = deep_size(self)
 
     @property
     def unavailable(self) -> bool:
         return self.entry.status == UNAVAILABLE
 
     def allows(self, url: str) -> bool:
-        return self._parser is None or self._parser.can_fetch(url, self.user_agent)
+        if self._parser is None:
+            return True
+        # Matching costs up to a scan of the URL per wildcard rule; no URL the fleet accepts
+        # is this long (the producer refuses more than MAX_URL_LENGTH), a crawled link may be.
+        return len(url) <= MAX_MATCH_URL_CHARS and self._parser.can_fetch(url, self.user_agent)
 
     def crawl_delay_s(self) -> float | None:
         if self._parser is None:
@@ -93,36 +118,110 @@ class RobotsRules:
         return float(delay) if delay else None
 
 
-def entry_for_response(status: int | None, body: bytes, error: str | None = None) -> RobotsEntry:
-    """Turn a robots.txt fetch into an entry (RFC 9309 §2.3.1)."""
+def robots_fetcher(settings: Settings) -> Fetcher:
+    """A Fetcher that reads no more of a robots.txt than is used (MAX_ROBOTS_BYTES)."""
+    return Fetcher(settings.with_overrides(max_body_bytes=MAX_ROBOTS_BYTES))
+
+
+def entry_for_response(status: int | None, body: bytes, error: str | None = None, *,
+                       truncated: bool = False) -> RobotsEntry:
+    """Turn a robots.txt fetch into an entry (RFC 9309 §2.3.1).
+
+    At most MAX_ROBOTS_BYTES of the body is used (Google ignores the rest too); when the body
+    was longer (or the fetch cut it: ``truncated``), the line cut in two is dropped as well, so
+    no rule is read shorter, and broader, than the site wrote it.
+    """
     if status is None or status >= 500 or status == 429:
         return RobotsEntry(UNAVAILABLE, detail=error or f"status {status}")
     if status >= 400:
         return RobotsEntry(ALLOW_ALL, detail=f"status {status}")
     if status >= 300:  # redirects exhausted: treat as unavailable
         return RobotsEntry(UNAVAILABLE, detail=f"status {status}")
-    text = body[:MAX_ROBOTS_BYTES].decode("utf-8", errors="replace")
-    return RobotsEntry(RULES, body=text)
+    if truncated or len(body) > MAX_ROBOTS_BYTES:
+        body = body[:MAX_ROBOTS_BYTES]
+        body = body[:max(body.rfind(b"\n"), body.rfind(b"\r")) + 1]
+        return RobotsEntry(RULES, body=body.decode("utf-8", errors="replace"),
+                           detail=f"cut at {len(body)} bytes (limit {MAX_ROBOTS_BYTES})")
+    return RobotsEntry(RULES, body=body.decode("utf-8", errors="replace"))
+
+
+class LocalRules:
+    """Parsed entries of one process, by origin: each kept for its TTL, at most ``max_bytes``
+    (their ``size_bytes``) and ``max_origins`` together, the least recently used evicted first.
+
+    Expired entries are dropped when looked up and by a sweep at most every LOCAL_SWEEP_S
+    (a full pass: entries expire out of their LRU order). Thread-safe.
+    """
+
+    def __init__(self, max_bytes: int = LOCAL_MAX_BYTES, max_origins: int = LOCAL_MAX_ORIGINS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_bytes = max_bytes
+        self.max_origins = max_origins
+        self.clock = clock
+        self.bytes = 0
+        self._entries: OrderedDict[str, tuple[float, RobotsRules]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._next_sweep = clock() + LOCAL_SWEEP_S
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, origin: str) -> bool:
+        return origin in self._entries
+
+    def get(self, origin: str) -> RobotsRules | None:
+        now = self.clock()
+        with self._lock:
+            self._sweep(now)
+            hit = self._entries.get(origin)
+            if hit is None:
+                return None
+            if hit[0] <= now:
+                self._drop(origin)
+                return None
+            self._entries.move_to_end(origin)
+            return hit[1]
+
+    def put(self, origin: str, rules: RobotsRules, ttl_s: float) -> None:
+        now = self.clock()
+        with self._lock:
+            self._sweep(now)
+            if origin in self._entries:
+                self._drop(origin)
+            self._entries[origin] = (now + ttl_s, rules)
+            self.bytes += rules.size_bytes
+            # The newest entry stays even alone over the budget: it is about to be used.
+            while len(self._entries) > 1 and (self.bytes > self.max_bytes
+                                              or len(self._entries) > self.max_origins):
+                self._drop(next(iter(self._entries)))
+
+    def _drop(self, origin: str) -> None:
+        _expires, rules = self._entries.pop(origin)
+        self.bytes -= rules.size_bytes
+
+    def _sweep(self, now: float) -> None:
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + LOCAL_SWEEP_S
+        for origin in [o for o, (expires, _r) in self._entries.items() if expires <= now]:
+            self._drop(origin)
 
 
 class RobotsStore:
-    """Shared (Redis) and local (memory) caches of robots entries."""
+    """Shared (Redis) and local (memory, :class:`LocalRules`) caches of robots entries."""
 
-    def __init__(self, client: redis.Redis, user_agent: str, ttl_s: int) -> None:
+    def __init__(self, client: redis.Redis, user_agent: str, ttl_s: int,
+                 local: LocalRules | None = None) -> None:
         self.client = client
         self.user_agent = user_agent
         self.ttl_s = ttl_s
-        self._local: OrderedDict[str, tuple[float, RobotsRules]] = OrderedDict()
-        self._lock = threading.Lock()
+        self.local = local if local is not None else LocalRules()
 
     def get(self, origin: str) -> RobotsRules | None:
         """The rules for ``origin`` from memory or Redis; None when nobody has fetched them."""
-        now = time.monotonic()
-        with self._lock:
-            hit = self._local.get(origin)
-            if hit and hit[0] > now:
-                self._local.move_to_end(origin)
-                return hit[1]
+        rules = self.local.get(origin)
+        if rules is not None:
+            return rules
         raw = self.client.get(robots_key(origin))
         if raw is None:
             return None
@@ -147,13 +246,17 @@ class RobotsStore:
         """
         try:
             response = fetch(robots_url(origin))
-            entry = entry_for_response(response.status, response.body)
+            entry = entry_for_response(response.status, response.body,
+                                       truncated=response.truncated)
         except FetchError as exc:
             if exc.kind == "blocked":
                 raise
             entry = entry_for_response(None, b"", f"{exc.kind}: {exc}")
         rules = self.put(origin, entry)
         logger.info("robots.txt for %s: %s %s", origin, entry.status, entry.detail)
+        if rules.dropped:
+            logger.warning("robots.txt for %s: %d rules or Sitemap lines over the caps ignored "
+                           "(NOTES #12)", origin, rules.dropped)
         return rules
 
     def put(self, origin: str, entry: RobotsEntry) -> RobotsRules:
@@ -172,9 +275,5 @@ class RobotsStore:
         self.client.delete(robots_lock_key(origin))
 
     def _remember(self, origin: str, rules: RobotsRules) -> None:
-        ttl_s = min(LOCAL_TTL_S, UNAVAILABLE_TTL_S if rules.unavailable else LOCAL_TTL_S)
-        with self._lock:
-            self._local[origin] = (time.monotonic() + ttl_s, rules)
-            self._local.move_to_end(origin)
-            while len(self._local) > LOCAL_MAX_ORIGINS:
-                self._local.popitem(last=False)
+        self.local.put(origin, rules, min(LOCAL_TTL_S, UNAVAILABLE_TTL_S if rules.unavailable
+                                          else LOCAL_TTL_S))

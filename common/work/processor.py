@@ -43,7 +43,7 @@ from common.store.results import ResultStore
 from common.web import cache as response_cache
 from common.web.fetch import Fetcher, FetchResult
 from common.web.ratelimit import RateLimiter, retime_permit
-from common.web.robots import RobotsRules, RobotsStore, origin_of
+from common.web.robots import RobotsRules, RobotsStore, origin_of, robots_fetcher
 from common.work import metrics
 from common.work.expired import release_expired
 from common.work.outcome import Failure, Outcome, dead_letter, park
@@ -60,6 +60,7 @@ class Processor:
         self.settings = settings
         self.client = client
         self.fetcher = fetcher or Fetcher(settings)
+        self._robots_fetcher = fetcher or robots_fetcher(settings)  # reads <= 500 KiB
         self.results = ResultStore(client, settings.results_maxlen)
         self.limiter = RateLimiter(client, settings)
         self.robots = RobotsStore(client, settings.robots_user_agent, settings.robots_ttl_s)
@@ -147,7 +148,7 @@ class Processor:
     def _fetch_with_permit(self, permit: Permit | None, url: str) -> FetchResult:
         """Fetch ``url`` (any content type) and move ``permit`` to its send time."""
         try:
-            response = self.fetcher.fetch(url, accept_any_type=True)
+            response = self._robots_fetcher.fetch(url, accept_any_type=True)
         except FetchError as exc:
             self._retime_now(Retime(permit, exc.sent_at))
             raise
@@ -316,6 +317,7 @@ class Processor:
     def close(self) -> None:
         """Close what the processor opened: the fetch handles, crawl mode's producer."""
         self.fetcher.close()
+        self._robots_fetcher.close()
         if self.follower is not None:
             self.follower.close()
 

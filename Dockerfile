@@ -27,6 +27,9 @@ RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requireme
 
 COPY . .
 
+# The files sink's volume (compose: sink-files) takes this directory's owner when created.
+RUN mkdir -p /data/results && chown 10001:10001 /data/results
+
 USER 10001:10001
 
 # Exec form, so python itself receives SIGTERM (compose adds `init: true` to reap children).

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian machine for the tests and the local demo. Safe to run again:
 # each step is skipped when its result is already there.
-#   1. apt packages: rabbitmq-server, redis-server, docker-compose (the v1 client, used
+#   1. apt packages: rabbitmq-server, redis-server, postgresql (the result sink's tests start
+#      their own server from /usr/lib/postgresql/<version>/bin), docker-compose (the v1 client, used
 #      only to validate docker-compose.yml) and python3-venv when venv is unavailable.
 #   2. .venv with requirements-dev.lock: every package pinned with its sha256 hashes, checked by
 #      pip (--require-hashes), wheels only; re-installed only when a lock changes. The locks are
@@ -17,6 +18,7 @@ have() { command -v "$1" >/dev/null 2>&1; }
 missing=()
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing+=(rabbitmq-server)
 have redis-server || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
 have docker-compose || missing+=(docker-compose)
 have nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 venv_package=()
@@ -37,9 +39,9 @@ if [ "${#missing[@]}" -gt 0 ] || [ "${#venv_package[@]}" -gt 0 ]; then
     # The packages' post-install may print "policy-rc.d denied execution of start" on a
     # machine without an init system: harmless, the tests start their own servers.
     "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y \
-        rabbitmq-server redis-server docker-compose nginx "${venv_package[@]}"
+        rabbitmq-server redis-server postgresql docker-compose nginx "${venv_package[@]}"
 else
-    log "rabbitmq-server, redis-server and docker-compose are installed"
+    log "rabbitmq-server, redis-server, postgresql and docker-compose are installed"
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -2,9 +2,11 @@
 
 Services come from :func:`devtools.services.fleet_services`: RABBITMQ_URL/REDIS_URL when set,
 else Docker when a local engine answers, else the Debian binaries. When none works, tests
-that need them are skipped locally and fail under CI=true.
+that need them are skipped locally and fail under CI=true. PostgreSQL (``postgres``, once per
+session; ``postgres_url``, an empty database per test) comes the same way, from POSTGRES_URL,
+Docker or Debian's binaries.
 
-Every test that uses ``services`` (directly or through ``settings``) is marked
+Every test that uses ``services`` (directly or through ``settings``) or ``postgres`` is marked
 ``integration``, so ``pytest -m "not integration"`` runs the rest without any server.
 """
 
@@ -20,7 +22,14 @@ import pytest
 import redis
 
 from common.core.config import Settings, load_settings
-from devtools.services import FleetServices, fleet_services, reset_state
+from devtools.services import (
+    FleetServices,
+    PostgresService,
+    fleet_services,
+    postgres_service,
+    reset_state,
+    scratch_database,
+)
 from devtools.testsite import TestSite
 from tests.helpers import REPO_ROOT, TEST_ENV, own_channel
 
@@ -34,7 +43,7 @@ def _in_ci() -> bool:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "services" in getattr(item, "fixturenames", ()):
+        if {"services", "postgres"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
 
 
@@ -53,6 +62,31 @@ def services() -> Iterator[FleetServices]:
         yield started
     finally:
         manager.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresService]:
+    """PostgreSQL for the whole session: POSTGRES_URL, else Docker, else Debian's binaries
+    (initdb and start take a second or two; as root the server runs as ``postgres``)."""
+    manager = postgres_service()
+    try:
+        started = manager.__enter__()
+    except RuntimeError as exc:
+        message = f"PostgreSQL unavailable: {exc}"
+        if _in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield started
+    finally:
+        manager.__exit__(None, None, None)
+
+
+@pytest.fixture
+def postgres_url(postgres: PostgresService) -> Iterator[str]:
+    """The URL of a new, empty database on the session's PostgreSQL, dropped after the test."""
+    with scratch_database(postgres.url) as url:
+        yield url
 
 
 @pytest.fixture

@@ -49,7 +49,8 @@ def test_compose_config_refuses_to_render_without_the_secrets(tmp_path):
 
 def test_compose_has_the_broker_redis_worker_and_tool_services(compose):
     assert set(compose["services"]) == {
-        "rabbitmq", "redis", "scraper", "producer", "sitemap_producer", "prometheus", "grafana"}
+        "rabbitmq", "redis", "scraper", "producer", "sitemap_producer", "prometheus", "grafana",
+        "sink", "sink-postgres", "postgres"}
 
 
 def test_scraper_can_scale_with_no_container_name_and_no_ports(compose):
@@ -97,6 +98,46 @@ def test_redis_keeps_an_append_only_file_and_requires_a_password(compose):
     assert "--appendonly yes" in command
     assert "--requirepass" in command
     assert any(v.endswith(":/data") or ":/data:" in v for v in redis["volumes"])
+
+
+def test_the_files_sink_runs_by_default_like_the_scraper_onto_a_named_volume(compose):
+    sink, scraper = compose["services"]["sink"], compose["services"]["scraper"]
+    assert "profiles" not in sink
+    assert sink["command"] == ["python", "sink.py", "files"]
+    assert sink["image"] == scraper["image"]
+    assert sink["read_only"] is True and "/tmp" in sink["tmpfs"]
+    assert sink["restart"] == "unless-stopped"
+    assert "ports" not in sink and "container_name" not in sink
+    assert sink["depends_on"] == {"redis": {"condition": "service_healthy"}}
+    sink_dir = sink["environment"]["SINK_DIR"]
+    assert sink_dir.startswith("/") and not sink_dir.startswith("/tmp")
+    assert f"sink-files:{sink_dir}:rw" in sink["volumes"]
+    assert "sink-files" in compose["volumes"]
+
+
+def test_postgres_and_its_sink_are_the_postgres_profile(compose):
+    postgres, sink = compose["services"]["postgres"], compose["services"]["sink-postgres"]
+    assert postgres["profiles"] == sink["profiles"] == ["postgres"]
+    image, _, tag = postgres["image"].partition(":")
+    assert image == "postgres" and tag[:1].isdigit() and "." in tag, "pinned by tag"
+    assert postgres["environment"]["POSTGRES_PASSWORD"] == env_example()["POSTGRES_PASSWORD"]
+    assert any(v.endswith(":/var/lib/postgresql/data:rw") for v in postgres["volumes"])
+    assert "healthcheck" in postgres
+    assert sink["command"] == ["python", "sink.py", "postgres"]
+    assert sink["read_only"] is True and "/tmp" in sink["tmpfs"]
+    assert sink["environment"]["POSTGRES_URL"].startswith("postgresql://")
+    assert "@postgres:5432/" in sink["environment"]["POSTGRES_URL"]
+    assert sink["depends_on"]["postgres"] == {"condition": "service_healthy"}
+
+
+def test_compose_config_refuses_to_render_without_the_postgres_password(tmp_path):
+    variables = env_example()
+    del variables["POSTGRES_PASSWORD"]
+
+    result = compose_config(tmp_path, variables, "postgres")
+
+    assert result.returncode != 0
+    assert "POSTGRES_PASSWORD" in result.stderr
 
 
 def test_every_service_has_a_memory_limit(compose):

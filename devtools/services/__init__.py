@@ -11,8 +11,14 @@ Three ways to get the services, tried in this order by :func:`fleet_services`:
 
 A local RabbitMQ node takes 5-20 s to start, so tests start it once per session.
 
+PostgreSQL (for the postgres result sink) comes the same three ways, from
+:func:`~devtools.services.postgres_server.postgres_service`: ``POSTGRES_URL``, a testcontainers
+``postgres:15``, or :class:`LocalPostgres` from Debian's binaries, run as the ``postgres`` user
+when we are root (initdb and postgres refuse root).
+
 Modules: :mod:`~devtools.services.fleet` (choosing the source, :func:`reset_state`),
-:mod:`~devtools.services.rabbitmq_server`, :mod:`~devtools.services.redis_server` and
+:mod:`~devtools.services.rabbitmq_server`, :mod:`~devtools.services.redis_server`,
+:mod:`~devtools.services.postgres_server` and
 :mod:`~devtools.services.base` (ports, binaries, process groups). ``python -m
 devtools.services`` starts both and prints their URLs.
 """
@@ -21,15 +27,27 @@ from __future__ import annotations
 
 from devtools.services.base import ServicesUnavailable, find_binaries
 from devtools.services.fleet import FleetServices, fleet_services, reset_state
+from devtools.services.postgres_server import (
+    LocalPostgres,
+    PostgresService,
+    find_postgres_bin,
+    postgres_service,
+    scratch_database,
+)
 from devtools.services.rabbitmq_server import LocalRabbitMQ
 from devtools.services.redis_server import LocalRedis
 
 __all__ = [
     "FleetServices",
+    "LocalPostgres",
     "LocalRabbitMQ",
     "LocalRedis",
+    "PostgresService",
     "ServicesUnavailable",
     "find_binaries",
+    "find_postgres_bin",
     "fleet_services",
+    "postgres_service",
     "reset_state",
+    "scratch_database",
 ]

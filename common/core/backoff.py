@@ -30,7 +30,8 @@ def compute_backoff_s(failures: int, *, base_s: float, max_s: float,
     """Delay before retry number ``failures`` (1-based): base·2^(n-1), capped, "equal jitter"
     (half fixed, half random) so retries of many URLs that failed together spread out but
     never come back at once."""
-    ceiling = min(max_s, base_s * 2 ** max(0, failures - 1))
+    # The exponent is clamped: 2.0 ** 1100 overflows a float, and 62 doublings pass any cap.
+    ceiling = min(max_s, base_s * 2.0 ** min(62, max(0, failures - 1)))
     return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
 
 

@@ -3,7 +3,11 @@
 Sources: queue depths by passive declares (always) and, when the management API answers,
 unacked counts and rates per queue; Redis for everything else — counters (stats:counters),
 the results stream (pages/s over the last minute from stream ids, which are ms timestamps),
-the rate-limit logs (requests per domain in the current window), worker heartbeats.
+the rate-limit logs (requests per domain in the current window), worker heartbeats, and
+backpressure: Redis memory against maxmemory and the sinks' backlog against the watermarks
+(common/store/backlog.py, common/work/pressure.py), which workers are paused and why, and a
+plain warning when results are being dropped (no sink registered and the ``results`` stream at
+its RESULTS_MAXLEN cap).
 """
 
 from __future__ import annotations
@@ -21,15 +25,19 @@ from rich.table import Table
 
 from common.broker import topology
 from common.core.config import Settings
+from common.store.backlog import read_fill
 from common.store.dedupe import SeenSet
 from common.store.keys import COUNTERS, RESULTS_STREAM
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter
 from common.work.heartbeat import alive_workers
+from common.work.pressure import BACKLOG, ERRORS, MEMORY
 
 logger = logging.getLogger(__name__)
 
 WINDOW_S = 60
+#: "At the cap": the stream is capped with an approximate MAXLEN, so it hovers around it.
+DROPPING_AT = 0.9
 
 
 def _management(settings: Settings) -> tuple[str, tuple[str, str]] | None:
@@ -93,6 +101,11 @@ def collect(settings: Settings, connection: pika.BlockingConnection,
     now_ms = seconds * 1000 + micros // 1000
     recent = client.xrange(RESULTS_STREAM, min=str(now_ms - WINDOW_S * 1000), max="+",
                            count=1_000_000)
+    workers = alive_workers(client)
+    for worker in workers:
+        age = round(max(0.0, time.time() - worker.get("beat", time.time())), 1)
+        worker["beat_age_s"] = age
+        worker["stale"] = age > 2 * worker.get("interval_s", 5)
     return {
         "queues": queues,
         "delayed": delayed,
@@ -110,9 +123,75 @@ def collect(settings: Settings, connection: pika.BlockingConnection,
         "rate_limited": counters.get("rate_limited", 0),
         "retries": counters.get("retries", 0),
         "domains": _domain_rates(settings, client, now_ms),
-        "workers": alive_workers(client),
+        "workers": workers,
+        "pressure": _pressure(settings, client, workers),
         "counters": counters,
     }
+
+
+def _pressure(settings: Settings, client: redis.Redis,
+              workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Redis memory and the sinks' backlog against the watermarks; who is paused and why."""
+    fill = read_fill(client)
+    ratio = fill.memory_ratio
+    memory = {"used": fill.used_memory, "max": fill.maxmemory,
+              "ratio": None if ratio is None else round(ratio, 4),
+              "high": settings.redis_memory_high, "low": settings.redis_memory_low,
+              "over_high": ratio is not None and ratio > settings.redis_memory_high}
+    backlog = {"entries": fill.backlog, "sink": fill.backlog_sink, "by_sink": fill.sinks,
+               "high": settings.results_backlog_high, "low": settings.results_backlog_low,
+               "over_high": fill.backlog > settings.results_backlog_high}
+    states = {w["id"]: w.get("pressure") or {} for w in workers}
+    paused_workers = {wid: p["reason"] for wid, p in states.items() if p.get("paused")}
+    reasons = [MEMORY] if memory["over_high"] else []
+    reasons += [BACKLOG] if backlog["over_high"] else []
+    reasons += sorted(set(paused_workers.values()) - set(reasons))
+    length = fill.lengths[RESULTS_STREAM]
+    dropping = not fill.sinks and length >= DROPPING_AT * settings.results_maxlen
+    warnings = [f"results are being dropped: the results stream holds {length:,} entries, at "
+                f"its cap RESULTS_MAXLEN={settings.results_maxlen:,}, and no sink is "
+                "registered, so results older than the cap are trimmed away; export them "
+                "(export.py) or register a sink"] if dropping else []
+    return {"paused": reasons, "paused_workers": paused_workers,
+            "unhealthy_workers": {wid: p["unhealthy"] for wid, p in states.items()
+                                  if p.get("unhealthy")},
+            "redis_memory": memory, "results_backlog": backlog,
+            "results_dropping": dropping, "warnings": warnings}
+
+
+def _pressure_lines(pressure: dict[str, Any]) -> list[str]:
+    """The backpressure part of the table: one line for the fleet, one per warning."""
+    memory, backlog = pressure["redis_memory"], pressure["results_backlog"]
+    state = f"paused: {', '.join(pressure['paused'])}" if pressure["paused"] else "running"
+    used = ("no maxmemory" if memory["ratio"] is None else
+            f"{memory['ratio']:.2f} of maxmemory ({memory['used']:,} / {memory['max']:,} B)")
+    sink = f", sink {backlog['sink']}" if backlog["sink"] else ", no sink registered"
+    lines = [f"pressure: {state} | Redis memory {used}, pause above {memory['high']:g}, resume "
+             f"below {memory['low']:g} | results backlog {backlog['entries']:,}{sink}, pause "
+             f"above {backlog['high']:,}, resume below {backlog['low']:,}"]
+    return lines + [f"WARNING: {text}" for text in pressure["warnings"]]
+
+
+def worker_state(worker: dict[str, Any]) -> str:
+    """A worker's pause state in words: running, or paused and why, with its figures."""
+    p = worker.get("pressure") or {}
+    if not p.get("paused"):
+        state = "running"
+    elif p["reason"] == MEMORY and p.get("memory_ratio") is not None:
+        state = (f"paused: {MEMORY} ({p['memory_ratio']:.2f} of maxmemory, resume below "
+                 f"{p['memory_low']:g})")
+    elif p["reason"] == BACKLOG:
+        state = (f"paused: {BACKLOG} ({p.get('backlog', 0):,} entries, sink "
+                 f"{p.get('backlog_sink')}, resume below {p['backlog_low']:,})")
+    elif p["reason"] == ERRORS:
+        state = f"paused: {ERRORS} ({p.get('errors_in_a_row')} in a row)"
+    else:
+        state = f"paused: {p['reason']} ({p.get('error', '')})"
+    if p.get("unhealthy"):
+        state += f"; UNHEALTHY: {p['unhealthy']}"
+    if worker.get("stale"):
+        state += f"; heartbeat {worker['beat_age_s']:.0f}s old (Redis refusing writes?)"
+    return state
 
 
 def _domain_rates(settings: Settings, client: redis.Redis, now_ms: int) -> list[dict[str, Any]]:
@@ -147,14 +226,16 @@ def render(snapshot: dict[str, Any]) -> str:
     if cache["hits"] or cache["misses"]:
         lines.append(f"cache: hits={cache['hits']} misses={cache['misses']} "
                      f"hit_ratio={cache['hit_ratio']:.2f}")
+    lines += _pressure_lines(snapshot["pressure"])
     for row in snapshot["domains"][:10]:
         lines.append(f"  {row['domain']}: {row['requests_in_window']}/{row['limit']} "
                      f"per {row['window_s']:g}s")
     workers = snapshot["workers"]
     lines.append(f"workers alive: {len(workers)}")
     for w in workers:
-        lines.append(f"  {w['id']} on {w['host']}: processed={w['processed']} "
-                     f"in_flight={w['in_flight']} current={', '.join(w['current'][:3])}")
+        lines.append(f"  {w['id']} on {w['host']}: {worker_state(w)}, processed="
+                     f"{w['processed']} in_flight={w['in_flight']} "
+                     f"current={', '.join(w['current'][:3])}")
     return "\n".join(lines)
 
 
@@ -179,6 +260,8 @@ def render_rich(snapshot: dict[str, Any]) -> Group:
             ("robots-blocked", snapshot["robots_blocked"]), ("retries", snapshot["retries"]),
             ("expired", snapshot["expired"])):
         summary.add_row(label, str(value))
+    for line in _pressure_lines(snapshot["pressure"]):
+        summary.add_row(*line.split(": ", 1))
     domains = Table(title="domains (requests in window / limit)", expand=True)
     domains.add_column("domain")
     domains.add_column("used / limit", justify="right")
@@ -186,11 +269,11 @@ def render_rich(snapshot: dict[str, Any]) -> Group:
         domains.add_row(row["domain"],
                         f"{row['requests_in_window']} / {row['limit']} per {row['window_s']:g}s")
     workers = Table(title=f"workers alive: {len(snapshot['workers'])}", expand=True)
-    for column in ("id", "host", "processed", "in flight", "current"):
+    for column in ("id", "host", "state", "processed", "in flight", "current"):
         workers.add_column(column)
     for w in snapshot["workers"]:
-        workers.add_row(w["id"], w["host"], str(w["processed"]), str(w["in_flight"]),
-                        ", ".join(w["current"][:2]))
+        workers.add_row(w["id"], w["host"], worker_state(w), str(w["processed"]),
+                        str(w["in_flight"]), ", ".join(w["current"][:2]))
     return Group(queues, summary, domains, workers)
 
 

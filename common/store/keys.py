@@ -29,8 +29,10 @@
                              EX ROBOTS_TTL_S (shorter for an unavailable one).
     robots:lock:{origin}     STRING, held (NX PX 30 s) by the one worker fetching robots.txt.
     workers:{id}             STRING, JSON heartbeat of a live worker (id, host, pid, started,
-                             processed, outcomes, in_flight, current URLs), EX 3 × the
-                             heartbeat interval: a killed worker's key expires by itself.
+                             beat, interval_s, processed, outcomes, in_flight, current URLs,
+                             pressure: paused/reason/health and the figures), EX 3 × the
+                             heartbeat interval: a killed worker's key expires by itself;
+                             renewed with EXPIRE while Redis refuses writes (OOM).
     claim:{fp}               STRING, the token of the page whose crawl-mode producer is
                              publishing this URL (fingerprint hex), PX CLAIM_TTL_MS (2 min):
                              other pages skip the URL meanwhile; the same page, redelivered

@@ -3,15 +3,21 @@
 Each thread takes the best delivery in the buffer (lowest rank: expired messages, then
 priority_queue, then url_queue_ttl; first come first within a rank), runs the
 :class:`~common.work.processor.Processor` on it and hands the outcome to the I/O thread
-(``hand_over``). A thread never dies of what a delivery does:
+(``hand_over``). A thread never dies of what a delivery does, and a Redis error gives the
+delivery back to the broker, where it is durable, within a bounded time:
 
 * Redis unavailable (down, loading, a read-only replica): the thread holds its delivery and
-  retries with the reconnect policy instead of dropping it;
+  retries with the reconnect policy, for up to HOLD_MAX_S (a restart is ridden out in place),
+  then gives it back (the worker is paused by then: common/work/pressure.py);
 * Redis refusing the work (OOM at ``maxmemory``, MISCONF after a failed save, NOPERM, any
-  other error reply): the delivery goes back to the broker, where it is durable, after a wait
-  that grows while the refusals go on, so a full Redis is not hammered;
+  other error reply): the delivery goes back after a wait that grows while the refusals go on
+  (at most RECONNECT_MAX_S, 5 s), so a full Redis is not hammered. Refusals other than OOM in
+  a row, across threads, are the :class:`~common.work.pressure.Streak` that makes the worker
+  unhealthy;
 * any other exception (a bug): the message is dead-lettered with the exception's class rather
   than crash-looping the fleet on it.
+
+Add a Redis call's own timeout (``socket_timeout``, 10 s in ``connect_redis``) to each bound.
 """
 
 from __future__ import annotations
@@ -30,13 +36,20 @@ import redis
 from common.broker import topology
 from common.core.backoff import reconnect_delay_s
 from common.core.errors import REDIS_UNAVAILABLE
+from common.work import metrics
 from common.work.acks import Delivery
 from common.work.outcome import Outcome
+from common.work.pressure import Streak
 from common.work.processor import Processor
 
 logger = logging.getLogger(__name__)
 
 _STOP_THREAD = object()
+#: Longest a delivery is held while Redis is unavailable before it goes back to the broker.
+HOLD_MAX_S = 30.0
+#: reconnect_delay_s is at its cap (2.5-5 s) from this attempt on; larger ones would only
+#: overflow its float arithmetic (2 ** 1024) after a long outage.
+_WAIT_CAP_ATTEMPT = 8
 
 
 class FetchThreads:
@@ -61,6 +74,8 @@ class FetchThreads:
         self._threads: list[threading.Thread] = []
         self._current: dict[str, bytes] = {}  # thread name -> body it is working on
         self._refusals = 0  # Redis error replies in a row, across threads (see _refused)
+        self._errors = Streak()  # the same, OOM not counted: the worker's health
+        self._lock = threading.Lock()  # refusals only; a success resets without it
 
     def start(self) -> None:
         for index in range(self.count):
@@ -89,6 +104,14 @@ class FetchThreads:
             if isinstance(item, Delivery):
                 taken.append(item)
 
+    def alive(self) -> int:
+        """How many fetch threads are running."""
+        return sum(thread.is_alive() for thread in self._threads)
+
+    def streak(self) -> Streak:
+        """Error replies in a row, OOM not counted (see common/work/pressure.py)."""
+        return self._errors
+
     def current_urls(self) -> list[str]:
         """The URLs being processed right now (decoded only when asked: the heartbeat)."""
         return sorted(_peek_url(body) for body in list(self._current.values()))
@@ -102,6 +125,10 @@ class FetchThreads:
             try:
                 self._current[name] = item.body
                 outcome = self._process(item)
+            except Exception:  # noqa: BLE001 - e.g. a bug in worker_error itself
+                logger.exception("could not process delivery %s from %s; returning it",
+                                 item.tag, item.queue)
+                outcome = None
             finally:
                 self._current.pop(name, None)
             try:
@@ -114,6 +141,7 @@ class FetchThreads:
     def _process(self, delivery: Delivery) -> Outcome | None:
         """Process a delivery; None gives it back to the broker (see the module docstring)."""
         attempt = 0
+        held_since = time.monotonic()
         while True:
             attempt += 1
             try:
@@ -121,16 +149,20 @@ class FetchThreads:
                     outcome = self.processor.process_expired(delivery.body)
                 else:
                     outcome = self.processor.process(delivery.body, delivery.queue)
-                self._refusals = 0
+                if self._refusals or self._errors.count:
+                    self._refusals, self._errors = 0, Streak()
                 return outcome
             except REDIS_UNAVAILABLE as exc:
-                if self._stopping.is_set():
-                    logger.warning("Redis down during shutdown; returning delivery: %s", exc)
+                held_s = time.monotonic() - held_since
+                if self._stopping.is_set() or held_s >= HOLD_MAX_S:
+                    logger.warning("Redis unavailable for %.0fs (%s); returning the delivery "
+                                   "to the broker", held_s, exc)
                     return None
-                wait_s = reconnect_delay_s(attempt)
+                wait_s = min(reconnect_delay_s(min(attempt, _WAIT_CAP_ATTEMPT)),
+                             HOLD_MAX_S - held_s)
                 logger.warning("Redis unavailable (%s); holding delivery, retry in %.1fs",
                                exc, wait_s)
-                time.sleep(wait_s)
+                self._stopping.wait(wait_s)
             except redis.RedisError as exc:
                 return self._refused(delivery, exc)
             except Exception as exc:  # noqa: BLE001 - any bug in processing, see below
@@ -139,14 +171,23 @@ class FetchThreads:
                 logger.exception("unexpected error processing delivery from %s", delivery.queue)
                 try:
                     return self.processor.worker_error(delivery.body, exc)
+                except REDIS_UNAVAILABLE as redis_exc:
+                    logger.warning("Redis unavailable (%s); returning the delivery", redis_exc)
+                    return None
                 except redis.RedisError as redis_exc:
                     return self._refused(delivery, redis_exc)
 
     def _refused(self, delivery: Delivery, exc: redis.RedisError) -> None:
         """Redis answered with an error: wait (longer while refusals go on), then give the
         delivery back to the broker."""
-        self._refusals += 1
-        wait_s = reconnect_delay_s(self._refusals)
+        metrics.REDIS_REFUSALS.inc()
+        with self._lock:
+            self._refusals += 1
+            refusals = self._refusals
+            if not isinstance(exc, redis.exceptions.OutOfMemoryError):
+                self._errors = Streak(self._errors.count + 1, time.monotonic(),
+                                      f"{type(exc).__name__}: {exc}"[:200])
+        wait_s = reconnect_delay_s(min(refusals, _WAIT_CAP_ATTEMPT))
         logger.warning("Redis refused the work for a delivery from %s (%s: %s); returning it "
                        "to the broker in %.1fs", delivery.queue, type(exc).__name__, exc, wait_s)
         if not self._stopping.is_set():

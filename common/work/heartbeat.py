@@ -2,7 +2,12 @@
 
 A background thread rewrites the key every HEARTBEAT_INTERVAL_S with a TTL of three
 intervals, so the status view lists live workers and a worker killed with -9 disappears by
-itself within 3 intervals. A clean stop deletes the key at once.
+itself within 3 intervals. A clean stop deletes the key at once. The beat carries the worker's
+pause state (``pressure``: paused, reason, health and the figures; common/work/pressure.py).
+
+A Redis that refuses the write (OOM at ``maxmemory``: SET is refused, EXPIRE is not) gets the
+last beat's TTL renewed instead, so a paused worker stays listed; its ``beat`` time then shows
+how old the figures are (the status view marks it stale).
 """
 
 from __future__ import annotations
@@ -48,9 +53,13 @@ class Heartbeat:
     def beat(self) -> None:
         payload = {"id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
                    "started": round(self.started, 3), "beat": round(time.time(), 3),
-                   **self.snapshot()}
-        self.client.set(worker_key(self.worker_id), json.dumps(payload),
-                        ex=max(1, round(self.interval_s * 3)))
+                   "interval_s": self.interval_s, **self.snapshot()}
+        key, ttl_s = worker_key(self.worker_id), max(1, round(self.interval_s * 3))
+        try:
+            self.client.set(key, json.dumps(payload), ex=ttl_s)
+        except redis.ResponseError:
+            self.client.expire(key, ttl_s)  # keep the last beat listed (see the docstring)
+            raise
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -1,4 +1,8 @@
-"""Prometheus metrics a worker exports (prometheus_client), on METRICS_PORT.
+"""Prometheus metrics a worker exports (prometheus_client), and its health, on METRICS_PORT.
+
+``GET /healthz`` answers 200 ``ok`` or 503 with the reason (common/work/pressure.py: too many
+Redis errors in a row); every other path serves the metrics exactly as prometheus_client's
+``start_http_server`` does (its WSGI app, gzip and OpenMetrics negotiation included).
 
 Every name here is referenced by the Grafana dashboard (monitoring/grafana/); a test checks the
 dashboard uses no other metric. Labels stay low-cardinality: outcome kinds and dead-letter
@@ -8,8 +12,14 @@ reasons, never URLs or domains.
 from __future__ import annotations
 
 import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 logger = logging.getLogger(__name__)
 
@@ -35,15 +45,68 @@ CACHE_MISSES = Counter("fleet_cache_misses_total", "Fetches that missed the cach
                        registry=REGISTRY)
 IN_FLIGHT = Gauge("fleet_in_flight", "Deliveries received and not yet settled",
                   registry=REGISTRY)
+PAUSED = Gauge("fleet_worker_paused", "1 while the worker takes no deliveries, by reason",
+               ["reason"], registry=REGISTRY)
+HEALTHY = Gauge("fleet_worker_healthy", "0 while /healthz answers 503 (Redis errors in a row)",
+                registry=REGISTRY)
+REDIS_USED_MEMORY = Gauge("fleet_redis_used_memory_bytes", "Redis used_memory at the last check",
+                          registry=REGISTRY)
+REDIS_MAXMEMORY = Gauge("fleet_redis_maxmemory_bytes", "Redis maxmemory (0: no limit)",
+                        registry=REGISTRY)
+RESULTS_BACKLOG = Gauge("fleet_results_backlog", "Stream entries the most behind sink has not "
+                        "exported (lag + pending)", registry=REGISTRY)
+REDIS_REFUSALS = Counter("fleet_redis_refusals_total", "Deliveries returned to the broker "
+                         "because Redis answered with an error", registry=REGISTRY)
+HEALTHY.set(1)
 
 #: Every metric family the workers export (the dashboard test reads this).
 EXPORTED = ("fleet_fetches_total", "fleet_fetch_seconds", "fleet_fetch_bytes_total",
             "fleet_retries_total", "fleet_dead_letters_total", "fleet_rate_limit_delays_total",
-            "fleet_cache_hits_total", "fleet_cache_misses_total", "fleet_in_flight")
+            "fleet_cache_hits_total", "fleet_cache_misses_total", "fleet_in_flight",
+            "fleet_worker_paused", "fleet_worker_healthy", "fleet_redis_used_memory_bytes",
+            "fleet_redis_maxmemory_bytes", "fleet_results_backlog", "fleet_redis_refusals_total")
 
 
-def serve(port: int, address: str = "0.0.0.0") -> None:  # noqa: S104 - inside the container
-    """Serve /metrics on ``port`` (0: off)."""
-    if port:
-        start_http_server(port, addr=address, registry=REGISTRY)
-        logger.info("metrics on http://%s:%d/metrics", address, port)
+Health = Callable[[], tuple[bool, str]]
+
+
+def serve(port: int, health: Health = lambda: (True, "ok"),
+          address: str = "0.0.0.0") -> WSGIServer | None:  # noqa: S104 - inside the container
+    """Serve /metrics and /healthz on ``port`` in a daemon thread (0: off); returns the server
+    (for :func:`stop`)."""
+    if not port:
+        return None
+    metrics_app = make_wsgi_app(REGISTRY)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/healthz":
+            return metrics_app(environ, start_response)
+        healthy, why = health()
+        body = b"ok\n" if healthy else f"unhealthy: {why}\n".encode()
+        start_response("200 OK" if healthy else "503 Service Unavailable",
+                       [("Content-Type", "text/plain; charset=utf-8"),
+                        ("Content-Length", str(len(body)))])
+        return [body]
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM,
+                                            flags=socket.AI_PASSIVE)[0][0]
+
+    server = make_server(address, port, app, Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    logger.info("metrics on http://%s:%d/metrics, health on /healthz", address, port)
+    return server
+
+
+def stop(server: WSGIServer | None) -> None:
+    """Stop a server :func:`serve` started (None: nothing to stop)."""
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No log line per request (Prometheus scrapes every 5 s)."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        pass

@@ -15,6 +15,11 @@ Threads and ownership (pika is not thread-safe; see NOTES.md #6):
 
 A delivery is acked only once its outcome is durable (the ack ledger, common/work/acks.py).
 
+Backpressure (common/work/pressure.py): a monitor thread checks Redis every PRESSURE_CHECK_S;
+while its verdict says pause, the main thread cancels the consumers (new messages wait in
+RabbitMQ) and consumes again on resume; what was received finishes normally. A paused worker
+is not idle.
+
 Stopping: the first SIGTERM/SIGINT cancels the consumers, returns not-yet-started deliveries to
 the broker, lets running fetches finish and be acked, then exits 0. A second signal exits at
 once; the broker redelivers whatever was unacked.
@@ -47,6 +52,7 @@ from common.work.acks import AckLedger, Delivery
 from common.work.fetch_threads import FetchThreads
 from common.work.heartbeat import Heartbeat
 from common.work.outcome import Outcome
+from common.work.pressure import Pressure, PressureMonitor, unhealthy_after
 from common.work.processor import Processor
 
 logger = logging.getLogger(__name__)
@@ -82,6 +88,12 @@ class Worker:
         self._wake_scheduled = False
         self.heartbeat = Heartbeat(processor.client, settings.worker_id,
                                    settings.heartbeat_interval_s, self.snapshot)
+        self.pressure = PressureMonitor(
+            processor.client, Pressure(settings, unhealthy_after(settings.concurrency)),
+            self.threads.streak, settings.pressure_check_s)
+        self._consumer_tags: list[str] = []
+        self._paused = False  # consumers cancelled (see _apply_pressure)
+        self.metrics_address = "0.0.0.0"  # noqa: S104 - in a container; tests use loopback
 
     # -- public -------------------------------------------------------------------------------
     def request_stop(self, *_args: object) -> None:
@@ -96,7 +108,8 @@ class Worker:
         """What the heartbeat publishes about this worker."""
         return {"processed": self.processed, "outcomes": dict(self.outcomes),
                 "in_flight": len(self.ledger.inflight), "current": self.threads.current_urls(),
-                "concurrency": self.settings.concurrency}
+                "concurrency": self.settings.concurrency,
+                "pressure": self.pressure.verdict.as_dict()}
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
@@ -105,8 +118,10 @@ class Worker:
     def run(self) -> int:
         """Consume until stopped or idle; returns the process exit code."""
         self.threads.start()
+        self.pressure.start()
         self.heartbeat.start()
-        metrics.serve(self.settings.metrics_port)
+        server = metrics.serve(self.settings.metrics_port, self.pressure.health,
+                               self.metrics_address)
         connected_once = False
         losses = 0  # connections lost in a row without a delivery in between
         try:
@@ -120,7 +135,7 @@ class Worker:
                                    type(exc).__name__, exc)
                     self._drop_connection()
                     losses = 1 if self._consumed_since_connect else losses + 1
-                    time.sleep(reconnect_delay_s(losses))
+                    time.sleep(reconnect_delay_s(min(losses, 8)))  # 8+: the cap, no overflow
                 except ServiceUnavailable as exc:
                     # At start-up an unreachable broker is a configuration problem: exit 3.
                     # Once we have worked, keep trying without a human (broker restarts).
@@ -134,6 +149,8 @@ class Worker:
             self.threads.stop()
             self._drop_connection()
             self.heartbeat.stop()
+            self.pressure.stop()
+            metrics.stop(server)
             self.processor.close()
         logger.info("worker %s stopped after %d messages %s", self.settings.worker_id,
                     self.processed, self.outcomes)
@@ -154,28 +171,46 @@ class Worker:
         self._channel = self._connection.channel()
         self.ledger.reset(self._channel._impl)
         self._channel.basic_qos(prefetch_count=self.settings.effective_prefetch)
-        consumer_tags = []
-        # Rank decides who a free fetch thread serves first: expired messages (a cheap Redis
-        # call each), then priority_queue, then url_queue_ttl.
-        for rank, name in enumerate((topology.EXPIRED_QUEUE, *topology.WORK_QUEUES)):
-            callback = functools.partial(self._on_delivery, rank, name, self._generation)
-            consumer_tags.append(self._channel.basic_consume(name, callback))
-        logger.info("worker %s consuming %s (concurrency %d, prefetch %d%s)",
-                    self.settings.worker_id, ", ".join(topology.WORK_QUEUES),
-                    self.settings.concurrency, self.settings.effective_prefetch,
-                    ", priority auto-ack" if self.settings.priority_auto_ack else "")
+        self._consumer_tags = []
+        self._apply_pressure(force=True)  # consume, unless paused
         self._last_delivery = time.monotonic()
         while not self._stop.is_set():
             self._turn()
+            self._apply_pressure()
             metrics.IN_FLIGHT.set(len(self.ledger.inflight))
             if self._idle_expired():
                 logger.info("no message for %.1fs: idle exit", self.settings.idle_exit_s)
                 self._stop.set()
-        self._graceful_shutdown(consumer_tags)
+        self._graceful_shutdown()
+
+    def _apply_pressure(self, force: bool = False) -> None:
+        """Main thread: follow the pressure verdict. Pausing cancels the consumers (pika nacks
+        what it had not dispatched yet); resuming consumes again. Received work goes on."""
+        verdict = self.pressure.verdict
+        if verdict.paused == self._paused and not force:
+            return
+        if verdict.paused:
+            for tag in self._consumer_tags:
+                self._channel.basic_cancel(tag)
+            self._consumer_tags = []
+            logger.warning("paused: %s; %d deliveries in flight finish, new ones wait in "
+                           "RabbitMQ", verdict.reason, len(self.ledger.inflight))
+        else:
+            # Rank decides who a free fetch thread serves first: expired messages (a cheap
+            # Redis call each), then priority_queue, then url_queue_ttl.
+            for rank, name in enumerate((topology.EXPIRED_QUEUE, *topology.WORK_QUEUES)):
+                callback = functools.partial(self._on_delivery, rank, name, self._generation)
+                self._consumer_tags.append(self._channel.basic_consume(name, callback))
+            logger.info("worker %s consuming %s (concurrency %d, prefetch %d%s)",
+                        self.settings.worker_id, ", ".join(topology.WORK_QUEUES),
+                        self.settings.concurrency, self.settings.effective_prefetch,
+                        ", priority auto-ack" if self.settings.priority_auto_ack else "")
+            self._last_delivery = time.monotonic()  # a pause is not idleness
+        self._paused = verdict.paused
 
     def _idle_expired(self) -> bool:
         idle_s = self.settings.idle_exit_s
-        return (idle_s > 0 and not self.ledger.inflight
+        return (idle_s > 0 and not self._paused and not self.ledger.inflight
                 and time.monotonic() - self._last_delivery >= idle_s)
 
     def _on_delivery(self, rank: int, queue_name: str, generation: int, channel: Any,
@@ -265,8 +300,8 @@ class Worker:
         except redis.RedisError as exc:
             logger.warning("could not record a dead-lettered URL's outcome (Redis: %s)", exc)
 
-    def _graceful_shutdown(self, consumer_tags: list[str]) -> None:
-        for tag in consumer_tags:
+    def _graceful_shutdown(self) -> None:
+        for tag in self._consumer_tags:
             self._channel.basic_cancel(tag)
         # Deliveries not started yet go straight back to the broker.
         returned = 0

@@ -158,3 +158,10 @@ def test_retry_delay_ignores_a_garbage_retry_after():
 ])
 def test_status_is_classified_as_ok_permanent_or_transient(status, verdict):
     assert classify_status(status) == verdict
+
+
+def test_a_very_long_streak_of_failures_still_waits_at_most_the_cap():
+    from common.core.backoff import reconnect_delay_s
+
+    for attempt in (1_000, 5_000, 10**9):
+        assert 0 < reconnect_delay_s(attempt) <= 5.0

@@ -7,7 +7,9 @@ list, N scrapy-redis spiders from bench/peer_spider.py in the bench venv) crawl 
 freshly flushed Redis and freshly declared queues, so load from elsewhere on a shared machine
 falls on both alike. Pages/s come from nginx's log; CPU and peak RSS from the kernel (wait4);
 Redis round trips are counted in the client (bench/probe) and cross-checked with Redis's own
-``total_reads_processed``. The rounds are merged into one figure set per crawler.
+``total_reads_processed``. After each fleet round the results stream is read back for the
+record sizes and its memory per entry (bench/capacity.py). The rounds are merged into one
+figure set per crawler.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import redis
 
+from bench.capacity import record_summary, stream_figures
 from bench.farm import LogLine
 from bench.figures import rate_per_s
 from bench.procstat import Watched, wait_all
@@ -90,6 +93,7 @@ def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
     """Seed ``urls``, then let N workers with every feature on drain them."""
     sizes = ctx.sizes
     reset(ctx.services)
+    empty_memory = used_memory(ctx)
     probe_dir = ctx.work / f"probe-fleet-{tag}"
     probe_dir.mkdir()
     env = fleet_env(ctx.services, sizes.concurrency)
@@ -123,6 +127,8 @@ def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
     cpu_after = services_cpu(ctx)
     results = int(client.xlen("results"))
     counters = {k.decode(): int(v) for k, v in client.hgetall("stats:counters").items()}
+    memory_after = int(client.info("memory")["used_memory"])
+    stream = stream_figures(client)
     client.close()
     depths = queue_depths(ctx.services, [*topology.WORK_QUEUES, topology.FAILED_QUEUE])
 
@@ -146,6 +152,10 @@ def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
                                and line.user_agent == FLEET_UA),
         "results": results,
         "counters": counters,
+        **stream,
+        # Everything the round left in Redis (results, seen and done sets of a small farm,
+        # live cache entries, robots, counters) per page: a cross-check of the rows.
+        "used_memory_per_page": (memory_after - empty_memory) / max(1, results),
         "queues_after": depths,
         "exit_codes": codes,
         "worker_cpu_s": round(worker_cpu_s, 3),
@@ -243,8 +253,16 @@ def merge_rounds(rounds: Sequence[dict[str, Any]], cpu_key: str) -> dict[str, An
         "cpu_ms_per_page": 1000 * sum(r[cpu_key] for r in rounds) / n,
         "system_cpu_ms_per_page": 1000 * system / n,
         "other_cpu_cores": [r["other_cpu_cores"] for r in rounds],
-        "rounds": [{k: v for k, v in r.items() if k != "profile_files"} for r in rounds],
+        "rounds": [{k: v for k, v in r.items() if k not in ("profile_files", "record_sizes")}
+                   for r in rounds],
     }
+    if "record_sizes" in rounds[0]:
+        merged.update(record_summary([size for r in rounds for size in r["record_sizes"]]))
+        entries = sum(r["stream_entries"] for r in rounds)
+        merged["stream_bytes_per_record"] = (sum(r["stream_bytes"] for r in rounds) / entries
+                                             if entries else None)
+        cache = [r["cache_bytes_per_entry"] for r in rounds if r["cache_bytes_per_entry"]]
+        merged["cache_bytes_per_entry"] = sum(cache) / len(cache) if cache else None
     if "rss_mb" in rounds[0]:
         merged["rss_mb"] = max(r["rss_mb"] for r in rounds)
         trips = sum(r["round_trips"] for r in rounds)
@@ -288,6 +306,14 @@ def phase_crawl(ctx: Ctx, wanted: Sequence[str]) -> dict[str, dict[str, Any]]:
         out["peer"] = (merge_rounds(peer_rounds, "spider_cpu_s") if peer_rounds
                        else {"skipped": skipped})
     return out
+
+
+def used_memory(ctx: Ctx) -> int:
+    client = ctx.redis()
+    try:
+        return int(client.info("memory")["used_memory"])
+    finally:
+        client.close()
 
 
 def machine_busy_s() -> float:

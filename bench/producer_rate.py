@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from bench.capacity import queue_memory
 from bench.procstat import Watched
 from bench.shared import (
     REPO_ROOT,
@@ -58,6 +59,8 @@ def phase_producer(ctx: Ctx) -> dict[str, Any]:
     cpu = cpu_delta(cpu_before, cpu_after)
     cpu["producer"] = round(child.cpu_s or 0.0, 3)
     depth = queue_depths(ctx.services, [topology.NORMAL_QUEUE])[topology.NORMAL_QUEUE]
+    # Broker memory per queued URL, when the bench started the broker (rabbitmqctl).
+    queue = queue_memory(ctx.services, topology.NORMAL_QUEUE)
     log(f"producer: {summary['new']} new URLs in {elapsed_s:.2f}s (queue depth {depth})")
     profile = None
     spy = find_py_spy(ctx.args.bench_python) if ctx.args.profile else None
@@ -78,6 +81,9 @@ def phase_producer(ctx: Ctx) -> dict[str, Any]:
         "cpu_s": cpu,
         "producer_cpu_share_of_wall": round((child.cpu_s or 0.0) / elapsed_s, 2),
         "queue_depth": depth,
+        "queue_memory": queue,
+        "queue_bytes_per_message": (queue["memory"] / queue["messages"]
+                                    if queue and queue["messages"] else None),
         "new_per_s": summary["new"] / elapsed_s,
         "new_per_s_excluding_startup": summary["new"] / max(1e-9, elapsed_s - startup_s),
     }

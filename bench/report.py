@@ -13,9 +13,11 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.capacity import pages_per_gib
 from bench.farm import Farm
 from bench.figures import Row, judge, render_table
 from bench.shared import FLEET_ENV_OVERRIDES, OUT_DIR, REPO_ROOT, Sizes
@@ -45,6 +47,10 @@ FIGURES: tuple[str, ...] = (
     "producer new URLs/s",
     "seen-set bytes per URL",
     "seen-set false positives",
+    "result record bytes p50",
+    "result record bytes p99",
+    "result record bytes max",
+    "pages per GB of Redis",
     "priority wait p50",
     "priority wait p95",
     "politeness duration / bound",
@@ -117,6 +123,7 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
     add("seen-set false positives", seen.get("false_positives"),
         f"of {seen.get('non_members_checked', 0):,} non-members", "0 (exact)",
         "pass" if exact else "FAIL", 0)
+    add_capacity(add, fleet, seen)
     add("priority wait p50", prio.get("p50_s"), f"s, behind {prio.get('backlog', 0):,} URLs",
         "", "info", 3)
     p95 = prio.get("p95_s")
@@ -134,6 +141,20 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
         "us, one farm page, before/after " + "/".join(f"{v:.0f}" for v in reference),
         "", "info", 0)
     return rows
+
+
+def add_capacity(add: Callable[..., None], fleet: dict[str, Any], seen: dict[str, Any]) -> None:
+    """Result record sizes on the farm and how many pages' outcomes 1 GiB of Redis holds."""
+    records = f"bytes of JSON, {fleet.get('records', 0):,} farm pages"
+    for pct in ("p50", "p99", "max"):
+        add(f"result record bytes {pct}", fleet.get(f"record_bytes_{pct}"), records, "",
+            "info", 0)
+    stream, per_url = fleet.get("stream_bytes_per_record"), seen.get("bytes_per_url")
+    cache = fleet.get("cache_bytes_per_entry")
+    unit = (f"1 GiB / ({stream or 0:,.0f} stream + 2 x {per_url or 0:.1f} seen/done B); "
+            f"cache {cache or 0:,.0f} B/page for its TTL on top")
+    add("pages per GB of Redis", pages_per_gib(stream, per_url), unit, "",
+        "info" if seen else "skipped", 0)
 
 
 def _json_default(value: Any) -> Any:

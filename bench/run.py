@@ -13,7 +13,8 @@ freshly flushed Redis and freshly declared queues; each phase lives in its own m
 
 1. fleet      bench/crawl_rounds.py: producer.py seeds the URLs, then N ``worker.py``
               processes with every feature on drain them; pages/s, worker CPU and peak RSS,
-              Redis round trips per page. Fleet and peer alternate over ``--rounds`` slices
+              Redis round trips per page, result record sizes and the stream's memory per
+              record (bench/capacity.py). Fleet and peer alternate over ``--rounds`` slices
               of the farm's URL list, so both meet the same background load.
 2. peer       bench/crawl_rounds.py: the same URLs, N scrapy-redis spider processes
               (bench/peer_spider.py, bench venv); pages/s and the ratio.

@@ -62,13 +62,13 @@ class Settings:
     max_header_bytes: int = 65536
     fetch_total_timeout_s: float = 60.0
     allowed_content_types: str = "text/html,application/xhtml+xml"
-    results_maxlen: int = 1_000_000
+    results_maxlen: int = 100_000
     max_record_bytes: int = 65536
     record_max_links: int = 1000
     redis_memory_high: float = 0.9
     redis_memory_low: float = 0.8
-    results_backlog_high: int = 500_000
-    results_backlog_low: int = 250_000
+    results_backlog_high: int = 80_000
+    results_backlog_low: int = 40_000
     pressure_check_s: float = 1.0
     sink_batch: int = 500
     sink_dir: str = "results"

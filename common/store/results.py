@@ -1,8 +1,10 @@
 """Results: one JSON record per URL, appended to the Redis stream ``results``.
 
 Record fields: url, final_url, status, title, description, canonical, language, links,
-links_count, text_length, content_hash, content_type, bytes, truncated, fetched_at,
-elapsed_ms, worker, queue, depth, attempts, cached, error. A dead-lettered URL leaves a failure
+links_count, links_truncated, text_length, content_hash, encoding, content_type, bytes,
+truncated, skipped, redirects, followed, fetched_at, elapsed_ms, worker, queue, depth, attempts,
+cached, error; when something was cut: ``<field>_truncated``, links_kept, record_truncated
+(caps: common/work/record.py). A dead-lettered URL leaves a failure
 record in the stream ``failures`` instead (``"outcome": "dead_letter"``, reason, attempts,
 last_status, last_error, first_failure), appended once its dead letter is confirmed, so every
 URL's final outcome is in one of the two streams. With no result sink registered (``sinks``)

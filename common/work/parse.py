@@ -26,6 +26,7 @@ import hashlib
 import threading
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urljoin
 
 from lxml import etree
 
@@ -68,6 +69,9 @@ class Page:
     and capped at ``max_links`` (``links_truncated`` says the cap was hit). ``text_length``
     is the length of the body's visible text with runs of whitespace collapsed to one space;
     ``content_hash`` hashes that text without its whitespace, so whitespace-only edits keep it.
+    ``canonical_truncated``: the page named a canonical longer than links.MAX_URL_CHARS, so
+    ``canonical`` is None. Title and description are the page's, uncapped: the result record
+    caps them (:mod:`common.work.record`).
     """
 
     title: str | None
@@ -79,6 +83,7 @@ class Page:
     content_hash: str
     encoding: str
     links_truncated: bool = False
+    canonical_truncated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (``links`` as a list)."""
@@ -92,6 +97,7 @@ class Page:
             "text_length": self.text_length,
             "content_hash": self.content_hash,
             "encoding": self.encoding,
+            "canonical_truncated": self.canonical_truncated,
         }
 
 
@@ -142,12 +148,27 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
     # for clients without JavaScript, which is what a crawler is.
     etree.strip_elements(root, *_INVISIBLE_TAGS, with_tail=False)
     text_length, content_hash = _measure_text(_BODY_TEXT(root))
+    href = meta.canonical_href
+    canonical = links.resolve(href, base) if href else None
     return Page(
-        title=meta.title, description=meta.description,
-        canonical=links.resolve(meta.canonical_href, base) if meta.canonical_href else None,
+        title=meta.title, description=meta.description, canonical=canonical,
         language=_language(root, meta.language), links=found, links_truncated=links_truncated,
         text_length=text_length, content_hash=content_hash, encoding=encoding,
+        canonical_truncated=canonical is None and href is not None
+        and _too_long(href, base),
     )
+
+
+def _too_long(href: str, base: links.Base) -> bool:
+    """Whether :func:`links.resolve` dropped ``href`` because its URL is over MAX_URL_CHARS
+    (rather than for its scheme or a missing host). Only asked about a dropped canonical."""
+    if len(base.url) + len(href) <= links.MAX_URL_CHARS:
+        return False  # no shape resolves to more than the base plus the href
+    try:
+        url = urljoin(base.url, href.strip(_ASCII_WS)).partition("#")[0]
+    except ValueError:
+        return False
+    return url.startswith(("http://", "https://")) and len(url) > links.MAX_URL_CHARS
 
 
 def _measure_text(nodes: list[str]) -> tuple[int, str]:

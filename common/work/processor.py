@@ -48,6 +48,7 @@ from common.work import metrics
 from common.work.expired import release_expired
 from common.work.outcome import Failure, Outcome, dead_letter, park
 from common.work.parse import NotHTML, is_html, parse_html
+from common.work.record import add_page, bound, failure_record, fetch_record
 
 logger = logging.getLogger(__name__)
 
@@ -219,27 +220,23 @@ class Processor:
     def _parse_and_record(self, url: str, message: WorkMessage, queue: str,
                           response: FetchResult, done: DoneMark, *, cached: bool,
                           rules: RobotsRules | None, retime: Retime | None) -> Outcome:
-        record: dict[str, Any] = {
-            "url": url, "fetched_at": round(time.time(), 3), "worker": self.settings.worker_id,
-            "queue": queue, "depth": message.depth, "attempts": message.attempts + 1,
-            "cached": cached, "error": None, "final_url": response.final_url,
-            "status": response.status, "content_type": response.content_type,
-            "bytes": len(response.body), "truncated": response.truncated,
-            "elapsed_ms": round(response.elapsed_ms, 1), "redirects": response.redirects,
-        }
-        if response.skipped:
-            record["skipped"] = response.skipped
+        record = fetch_record(url, response, worker=self.settings.worker_id, queue=queue,
+                              depth=message.depth, attempts=message.attempts + 1, cached=cached)
+        links: tuple[str, ...] = ()
         if response.body and is_html(response.content_type, response.body[:512]):
             try:
-                record.update(parse_html(response.body, response.final_url,
-                                         response.content_type).to_dict())
+                page = parse_html(response.body, response.final_url, response.content_type)
             except NotHTML as exc:
                 record["error"] = f"not_html: {exc}"
-        if self.follower is not None and record.get("links"):
-            followed = self.follower.follow(response.final_url, record["links"], message.depth,
+            else:
+                add_page(record, page, self.settings.record_max_links)
+                links = page.links  # all of them: the record keeps RECORD_MAX_LINKS at most
+        if self.follower is not None and links:
+            followed = self.follower.follow(response.final_url, links, message.depth,
                                             rules, page_token=f"{done.key}:{done.member}")
             if followed is not None:
                 record["followed"] = followed.new
+        bound(record, self.settings.max_record_bytes)
         cache_value = None
         if not cached and self.settings.cache_ttl_s > 0:
             value = response_cache.encode(response, self.settings.cache_max_bytes)
@@ -329,9 +326,8 @@ class Processor:
 
     def _failure_record(self, url: str, headers: dict[str, Any], queue: str | None,
                         depth: int | None) -> dict[str, Any]:
-        """What the results get for a dead-lettered URL (see common/store/results.py)."""
-        return {"url": url, "outcome": "dead_letter", **headers, "worker": self.settings.worker_id,
-                "queue": queue, "depth": depth, "failed_at": round(time.time(), 3)}
+        return failure_record(url, headers, worker=self.settings.worker_id, queue=queue,
+                              depth=depth)
 
     def record_dead_letter(self, mark: DoneMark | None, record: dict[str, Any] | None) -> None:
         """The dead letter is confirmed: mark the URL done and append its failure record, in

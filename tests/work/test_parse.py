@@ -76,6 +76,7 @@ def test_to_dict_is_json_serialisable_and_lists_the_links() -> None:
         "text_length",
         "content_hash",
         "encoding",
+        "canonical_truncated",
     }
 
 
@@ -104,6 +105,21 @@ def test_non_http_canonical_is_dropped() -> None:
     page = page_of('<head><link rel="canonical" href="javascript:void(0)"></head>')
 
     assert page.canonical is None
+    assert page.canonical_truncated is False
+
+
+def test_a_canonical_longer_than_a_url_may_be_is_dropped_and_flagged() -> None:
+    longest = "/" + "c" * (link_rules.MAX_URL_CHARS - len("https://example.com/"))
+    kept = page_of(f'<head><link rel="canonical" href="{longest}"></head>')
+    too_long = page_of(f'<head><link rel="canonical" href="{longest}c"></head>')
+    huge = page_of(f'<head><link rel="canonical" href="/{"c" * 1_000_000}"></head>')
+    script = page_of(f'<head><link rel="canonical" href="javascript:{"c" * 5000}"></head>')
+
+    assert kept.canonical == "https://example.com" + longest and not kept.canonical_truncated
+    assert len(kept.canonical) == link_rules.MAX_URL_CHARS
+    assert too_long.canonical is None and too_long.canonical_truncated is True
+    assert huge.canonical is None and huge.canonical_truncated is True
+    assert script.canonical is None and script.canonical_truncated is False  # not a URL
 
 
 def test_language_comes_from_html_lang_before_meta_content_language() -> None:

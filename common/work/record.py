@@ -97,13 +97,25 @@ def failure_record(url: str, headers: dict[str, Any], *, worker: str, queue: str
                    depth: int | None) -> dict[str, Any]:
     """What the ``failures`` stream gets for a dead-lettered URL (common/store/results.py).
     ``last_error`` is already cut to 500 characters by the dead-letter headers; a message's
-    URL may be anything, so it is cut to URL_MAX_CHARS (``url_truncated``)."""
+    URL may be anything, so it is cut to URL_MAX_CHARS (``url_truncated``), and text that is
+    not valid Unicode (a lone surrogate from a poison message) is kept as backslash escapes."""
     record = {"url": url[:URL_MAX_CHARS], "outcome": "dead_letter", **headers,
               "worker": worker, "queue": queue, "depth": depth,
               "failed_at": round(time.time(), 3)}
     if len(url) > URL_MAX_CHARS:
         record["url_truncated"] = True
-    return record
+    return {key: _valid_text(value) for key, value in record.items()}
+
+
+def _valid_text(value: Any) -> Any:
+    """``value`` as JSON can carry it: a str with lone surrogates gets them as ``\\udXXX``."""
+    if not isinstance(value, str):
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
 def bound(record: dict[str, Any], max_bytes: int) -> dict[str, Any]:

@@ -292,13 +292,14 @@ class Worker:
             logger.warning("publish for delivery %d not confirmed: returned it to its queue", tag)
 
     def _record_dead_letter(self, mark: DoneMark | None, record: dict[str, Any] | None) -> None:
-        # On the I/O thread, but rare (dead letters only) and one loopback script call. If
-        # Redis is away or refuses, the failure record is skipped: the dead letter itself is
-        # durable in failed_urls, and the delivery is acked anyway (nothing is redelivered).
+        # On the I/O thread, but rare (dead letters) and one script call. If it fails the record
+        # is skipped: the dead letter is durable in failed_urls, and the delivery is acked.
         try:
             self.processor.record_dead_letter(mark, record)
         except redis.RedisError as exc:
             logger.warning("could not record a dead-lettered URL's outcome (Redis: %s)", exc)
+        except Exception:  # noqa: BLE001 - the I/O thread must outlive a bad failure record
+            logger.exception("could not record a dead-lettered URL's outcome")
 
     def _graceful_shutdown(self) -> None:
         for tag in self._consumer_tags:

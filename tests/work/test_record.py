@@ -256,3 +256,15 @@ def test_stored_records_respect_the_byte_cap_for_every_hostile_page(settings, re
     assert normal["title"] == "Page 3" and normal["links_count"] == len(normal["links"])
     assert not any(key.endswith("_truncated") and value for key, value in normal.items())
     assert "links_kept" not in normal and "record_truncated" not in normal
+
+
+def test_a_failure_record_of_a_url_with_a_lone_surrogate_is_encodable():
+    import orjson
+
+    from common.work.record import failure_record
+
+    record = failure_record("http://x.test/\ud800", {"reason": "invalid_url",
+                                                    "last_error": "bad \udfff"},
+                            worker="w", queue=None, depth=None)
+    assert record["url"] == "http://x.test/\\ud800"
+    assert orjson.loads(orjson.dumps(record))["last_error"] == "bad \\udfff"

@@ -65,6 +65,7 @@ class Settings:
     results_maxlen: int = 100_000
     max_record_bytes: int = 65536
     record_max_links: int = 1000
+    extract_rules: str = ""
     redis_memory_high: float = 0.9
     redis_memory_low: float = 0.8
     results_backlog_high: int = 80_000

@@ -163,8 +163,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("CRAWL_MAX_PAGES_PER_DOMAIN", "crawl_max_pages", values.positive_int, "10000",
          "Pages crawl mode may enqueue per domain (counted in Redis, fleet-wide)."),
     Knob("MAX_RECORD_BYTES", "max_record_bytes", values.positive_int, "65536",
-         "Largest result record (JSON bytes); a longer one loses links first, then its longest "
-         "fields, and is flagged `record_truncated`."),
+         "Largest result record (JSON bytes); a longer one loses links first, then its `data`, "
+         "then its longest fields, and is flagged `record_truncated`."),
+    Knob("EXTRACT_RULES", "extract_rules", values.rules_ref, "",
+         "Extraction rules: `@rules.yml`, `@rules.json` or inline JSON; the values go into "
+         "each matching page's record under `data`. Validated at worker start. Empty: none."),
     Knob("RECORD_MAX_LINKS", "record_max_links", values.non_negative_int, "1000",
          "Links kept in a result record (crawl mode still follows every link it extracted)."),
     Knob("REDIS_MEMORY_HIGH", "redis_memory_high", values.fraction, "0.9",

@@ -60,6 +60,15 @@ def text(raw: str) -> str:
     return raw
 
 
+def rules_ref(raw: str) -> str:
+    """EXTRACT_RULES: ``@FILE`` or inline JSON (a list or mapping), or empty for none. Only
+    the shape is checked here; common/work/rules_file.py reads and validates the rules."""
+    value = raw.strip()
+    if value and not (value.startswith(("[", "{")) or (value.startswith("@") and value[1:])):
+        raise ValueError("expected @FILE (YAML or JSON) or inline JSON")
+    return value
+
+
 def log_level(raw: str) -> str:
     value = raw.strip().upper()
     if value not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:

@@ -3,7 +3,8 @@
 Reading (:func:`read_entries`): XRANGE in batches from a start id (inclusive); with ``follow``,
 then XREAD BLOCK from the last id seen, for as long as the caller keeps iterating.
 Writing (:class:`Exporter`): JSON Lines are the stored record plus ``id`` (its stream id);
-CSV has the fixed columns of :data:`CSV_COLUMNS`. Everything except :func:`read_entries` is
+CSV has the fixed columns of :data:`CSV_COLUMNS` (``data``, what EXTRACT_RULES extracted, as
+one JSON cell). Everything except :func:`read_entries` is
 pure and needs no Redis.
 
 Stream ids are ``MS-SEQ`` with ``MS`` the Redis clock in Unix milliseconds, so a time maps to
@@ -29,7 +30,7 @@ from common.store.results import ResultStore
 FORMATS = ("jsonl", "csv")
 CSV_COLUMNS = ("id", "url", "final_url", "status", "title", "description", "canonical",
                "language", "text_length", "content_hash", "links_count", "fetched_at",
-               "elapsed_ms", "worker", "cached", "error")
+               "elapsed_ms", "worker", "cached", "error", "data")
 
 #: One stream entry: its id and the decoded record.
 Entry = tuple[str, dict[str, Any]]

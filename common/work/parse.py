@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin
@@ -105,7 +106,8 @@ EMPTY_TEXT_HASH = hashlib.blake2b(b"", digest_size=HASH_DIGEST_BYTES).hexdigest(
 
 
 def parse_html(body: bytes, base_url: str, content_type: str | None = None,
-               max_links: int = 10_000) -> Page:
+               max_links: int = 10_000,
+               on_tree: Callable[[etree._Element, str], None] | None = None) -> Page:
     """Parse an HTML body into a :class:`Page`.
 
     Args:
@@ -114,6 +116,9 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
             against it, or against ``<base href>`` when the page has one.
         content_type: The ``Content-Type`` header, used only for its charset.
         max_links: Keep at most this many links; more sets ``links_truncated``.
+        on_tree: Called once with the tree (invisible elements already stripped) and the
+            document's base URL, so extraction rules (common/work/extract.py) read the same
+            tree: the page is parsed once. Not called for an empty page.
 
     Returns:
         The page; empty (no title, no links, zero text) for an empty or blank body.
@@ -148,6 +153,8 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
     # for clients without JavaScript, which is what a crawler is.
     etree.strip_elements(root, *_INVISIBLE_TAGS, with_tail=False)
     text_length, content_hash = _measure_text(_BODY_TEXT(root))
+    if on_tree is not None:
+        on_tree(root, base.url)
     href = meta.canonical_href
     canonical = links.resolve(href, base) if href else None
     return Page(

@@ -46,6 +46,7 @@ from common.web.ratelimit import RateLimiter, retime_permit
 from common.web.robots import RobotsRules, RobotsStore, origin_of, robots_fetcher
 from common.work import metrics
 from common.work.expired import release_expired
+from common.work.extract import Extractor
 from common.work.outcome import Failure, Outcome, dead_letter, park
 from common.work.parse import NotHTML, is_html, parse_html
 from common.work.record import add_page, bound, failure_record, fetch_record
@@ -72,6 +73,7 @@ class Processor:
         # the threads hand the GIL back and forth at each C call and syscall (40 context
         # switches a page with 8 threads). Fetches, which wait on the network, stay parallel.
         self._parse_slots = threading.BoundedSemaphore(settings.parse_concurrency)
+        self.extractor = Extractor.from_setting(settings.extract_rules)  # ConfigError if bad
 
     # -- entry points -------------------------------------------------------------------------
     def process(self, body: bytes, queue: str) -> Outcome:
@@ -225,7 +227,9 @@ class Processor:
         links: tuple[str, ...] = ()
         if response.body and is_html(response.content_type, response.body[:512]):
             try:
-                page = parse_html(response.body, response.final_url, response.content_type)
+                hook = self.extractor and self.extractor.hook(record, response.final_url)
+                page = parse_html(response.body, response.final_url, response.content_type,
+                                  on_tree=hook or None)
             except NotHTML as exc:
                 record["error"] = f"not_html: {exc}"
             else:

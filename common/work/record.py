@@ -19,8 +19,9 @@ numbers and booleans. A flag is present only when something was cut: a normal pa
 gains only ``links_count``.
 
 The byte cap (:func:`bound`): a record whose JSON is still longer than MAX_RECORD_BYTES loses
-links from the end, then its longest text fields are shortened (URL fields dropped), until it
-fits; it is flagged ``record_truncated``. Only the record's own fields are ever cut, never its
+links from the end, then its extracted ``data`` (EXTRACT_RULES: dropped whole, with
+``data_errors``, and flagged ``data_truncated``), then its longest text fields are shortened
+(URL fields dropped), until it fits; it is flagged ``record_truncated``. Only the record's own fields are ever cut, never its
 JSON, so the JSON stays valid. The common case costs one extra encode of the small fields:
 the links, most of the bytes, are encoded once and handed to the store's encode as an
 ``orjson.Fragment``.
@@ -124,8 +125,8 @@ def bound(record: dict[str, Any], max_bytes: int) -> dict[str, Any]:
     Changes ``record`` in place and returns it. When it fits (nearly always), ``links``
     becomes an ``orjson.Fragment`` holding the links' JSON, so that the store's one
     ``orjson.dumps`` of the record copies those bytes instead of encoding them again; read
-    ``links`` before calling this. Otherwise links are dropped from the end, then the longest
-    text fields shortened, with the flags the module docstring lists. If even the record
+    ``links`` before calling this. Otherwise links are dropped from the end, then ``data``,
+    then the longest text fields shortened, with the flags the module docstring lists. If even the record
     without links and text (URL, worker, numbers) is longer, it is stored as it is and a
     warning logged (once per process): MAX_RECORD_BYTES is below the smallest record.
     """
@@ -145,6 +146,11 @@ def bound(record: dict[str, Any], max_bytes: int) -> dict[str, Any]:
     record["record_truncated"] = True
     if links:
         _drop_links(record, links, max_bytes)
+    if record.get("data") is not None and len(orjson.dumps(record)) > max_bytes:
+        # Extracted data is dropped whole, never cut: half a list of items reads as the page.
+        record["data"] = None
+        record.pop("data_errors", None)
+        record["data_truncated"] = True
     _shorten_texts(record, max_bytes)
     return record
 

@@ -1,0 +1,270 @@
+"""Apply declarative extraction rules (EXTRACT_RULES, :mod:`common.work.rules_file`) to a page.
+
+The worker parses each page once (common/work/parse.py); when a rule matches the page's final
+URL, :meth:`Extractor.hook` hands parse a callback that wraps that lxml tree in a
+``parsel.Selector(root=...)`` and evaluates the rule's pre-compiled XPaths on it. The values go
+into the result record under ``data``; a value that does not convert to its field's type
+becomes null, with the reason under ``data_errors[field]`` (``items[3].price`` inside items):
+the page is still a result, never dead-lettered for it. No rules configured: the processor
+holds no extractor and a page costs nothing more.
+
+Checker, offline for a saved file (or fetching one URL with the fleet's Fetcher)::
+
+    python -m common.work.extract RULES (URL | FILE.html) [--url URL]
+
+prints the matching rule's fields as JSON. RULES is a file, ``@FILE`` or inline JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import email.utils
+import json
+import math
+import re
+import sys
+from collections.abc import Callable
+from datetime import date, datetime
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from lxml import etree
+from parsel import Selector
+
+from common.core.errors import ConfigError, FleetError
+from common.work.parse import parse_html
+from common.work.rules_file import Field, Rule, load_rules
+
+__all__ = ["Extractor", "extract", "main"]
+
+ERROR_MAX_CHARS = 200  # each data_errors reason
+_NUMBER_NOISE = re.compile(r"[\s,_\u00a0\u202f]")
+_ORDINAL = re.compile(r"(\d)(st|nd|rd|th)\b", re.IGNORECASE)
+#: Tried in order after ISO 8601 and RFC 2822; day-first and month-first slash forms are
+#: ambiguous, so they need an explicit ``format``.
+DATE_FORMATS = ("%Y/%m/%d", "%d.%m.%Y", "%B %d, %Y", "%b %d, %Y", "%B %d %Y", "%b %d %Y",
+                "%d %B %Y", "%d %b %Y", "%A, %B %d, %Y", "%a, %b %d, %Y", "%b. %d, %Y")
+_TIME_DIRECTIVES = ("%H", "%I", "%M", "%S", "%p", "%z", "%X", "%c")
+_TRUE = {"true", "yes", "y", "1", "on"}
+_FALSE = {"false", "no", "n", "0", "off", ""}
+
+
+class Extractor:
+    """The validated rules of one worker; :meth:`hook` is all the hot path calls."""
+
+    def __init__(self, rules: tuple[Rule, ...]) -> None:
+        self.rules = rules
+
+    @classmethod
+    def from_setting(cls, value: str | None) -> Extractor | None:
+        """The extractor for an EXTRACT_RULES value, or None when it is unset or empty."""
+        return cls(load_rules(value)) if value and value.strip() else None
+
+    def match(self, url: str) -> Rule | None:
+        """The first rule matching ``url``, or None."""
+        try:
+            parts = urlsplit(url)
+            host = (parts.hostname or "").rstrip(".")
+        except ValueError:
+            return None
+        for rule in self.rules:
+            if rule.matches(url, host, parts.path):
+                return rule
+        return None
+
+    def hook(self, record: dict[str, Any], url: str
+             ) -> Callable[[etree._Element, str], None] | None:
+        """parse_html's ``on_tree`` for a page at ``url``: None when no rule matches."""
+        rule = self.match(url)
+        if rule is None:
+            return None
+
+        def on_tree(root: etree._Element, base_url: str) -> None:
+            data, errors = extract(rule, root, base_url)
+            record["data"] = data
+            if errors:
+                record["data_errors"] = errors
+
+        return on_tree
+
+
+def extract(rule: Rule, root: etree._Element, base_url: str
+            ) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(data, errors)`` of one rule on one parsed page."""
+    page = Selector(root=root, type="html")
+    errors: dict[str, str] = {}
+    data = {f.name: _value(page, f, base_url, errors, f.name) for f in rule.fields}
+    if rule.items is not None:
+        items = rule.items
+        data[items.name] = [
+            {f.name: _value(node, f, base_url, errors, f"{items.name}[{i}].{f.name}")
+             for f in items.fields}
+            for i, node in enumerate(page.xpath(items.xpath))]
+    return data, errors
+
+
+def _value(node: Selector, field: Field, base_url: str, errors: dict[str, str],
+           key: str) -> Any:
+    try:
+        found = node.xpath(field.xpath)
+    except ValueError as exc:  # parsel's XPathEvalError, e.g. an unknown function
+        errors[key] = f"selector: {exc}"[:ERROR_MAX_CHARS]
+        return None
+    raws = [text for text in map(_read_fn(field), found if field.many else found[:1])
+            if text]
+    if field.regex is not None:
+        matches = (field.regex.search(text) for text in raws)
+        raws = [m.group(field.group) for m in matches if m is not None and m.group(field.group)]
+    if not raws:
+        if field.default is not None:
+            return field.default
+        return [] if field.many else None
+    try:
+        values = [convert(text, field.type, base_url, field.format) for text in raws]
+    except ValueError as exc:
+        errors[key] = f"{field.type}: {exc}"[:ERROR_MAX_CHARS]
+        return None
+    return values if field.many else values[0]
+
+
+def _read_fn(field: Field) -> Callable[[Selector], str | None]:
+    def read(node: Selector) -> str | None:
+        root = node.root
+        if not isinstance(root, etree._Element):  # a text node, attribute or XPath string
+            value = node.get()
+        elif field.get == "text":
+            value = "".join(root.itertext())
+        elif field.get == "attr":
+            value = root.get(field.attr)
+        else:
+            value = node.get()
+        return " ".join(value.split()) if value is not None and field.get != "html" \
+            else value
+    return read
+
+
+def convert(text: str, type_: str, base_url: str, fmt: str | None = None) -> Any:
+    """``text`` as ``type_``; ValueError (its message the reason) when it is not one."""
+    if type_ == "str":
+        return text
+    if type_ in ("int", "float", "decimal"):
+        number = _NUMBER_NOISE.sub("", text)
+        try:
+            if type_ == "int":
+                return int(number)
+            value = Decimal(number)
+        except (ValueError, InvalidOperation):
+            raise ValueError(f"not a number: {text[:80]!r}") from None
+        if not value.is_finite():
+            raise ValueError(f"not a finite number: {text[:80]!r}")
+        return float(value) if type_ == "float" and math.isfinite(float(value)) else str(value)
+    if type_ == "date":
+        return _date(text, fmt)
+    if type_ == "bool":
+        lowered = text.strip().lower()
+        if lowered in _TRUE or lowered in _FALSE:
+            return lowered in _TRUE
+        raise ValueError(f"not a boolean: {text[:80]!r}")
+    if type_ == "url":
+        try:
+            url = urljoin(base_url, text.strip()).partition("#")[0]
+            parts = urlsplit(url)
+        except ValueError:
+            raise ValueError(f"not a URL: {text[:80]!r}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {text[:80]!r}")
+        return url
+    raise ValueError(f"unknown type {type_!r}")  # load_rules refuses these
+
+
+def _date(text: str, fmt: str | None) -> str:
+    text = text.strip()
+    if fmt is not None:
+        try:
+            parsed = datetime.strptime(text, fmt)
+        except ValueError:
+            raise ValueError(f"{text[:80]!r} does not match format {fmt!r}") from None
+        timed = any(d in fmt for d in _TIME_DIRECTIVES)
+        return parsed.isoformat() if timed else parsed.date().isoformat()
+    try:
+        return date.fromisoformat(text).isoformat()
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text).isoformat()
+    except ValueError:
+        pass
+    try:
+        return email.utils.parsedate_to_datetime(text).isoformat()
+    except (TypeError, ValueError, IndexError):
+        pass
+    plain = _ORDINAL.sub(r"\1", text).rstrip(".")
+    for candidate in DATE_FORMATS:
+        try:
+            return datetime.strptime(plain, candidate).date().isoformat()
+        except ValueError:
+            continue
+    raise ValueError(f"not a date: {text[:80]!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m common.work.extract",
+        description="Print what extraction rules give on one page, as JSON.")
+    parser.add_argument("rules", help="rules file (YAML or JSON), @FILE, or inline JSON")
+    parser.add_argument("target", help="a saved HTML file, or an http(s) URL to fetch")
+    parser.add_argument("--url", help="the URL a saved file was fetched from (rules match it)")
+    args = parser.parse_args(argv)
+    value = args.rules if args.rules.startswith("@") or args.rules.lstrip()[:1] in ("[", "{") \
+        else "@" + args.rules
+    try:
+        extractor = Extractor(load_rules(value))
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    content_type = None
+    if args.target.startswith(("http://", "https://")):
+        try:
+            body, url, content_type = _fetch(args.target)
+        except FleetError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    else:
+        try:
+            body = Path(args.target).read_bytes()
+        except OSError as exc:
+            print(f"error: cannot read {args.target}: {exc.strerror}", file=sys.stderr)
+            return 1
+        url = args.url or Path(args.target).resolve().as_uri()
+    record: dict[str, Any] = {}
+    rule = extractor.match(url)
+    hook = extractor.hook(record, url)
+    if rule is None or hook is None:
+        print(f"error: no rule matches {url}", file=sys.stderr)
+        return 1
+    parse_html(body, url, content_type, on_tree=hook)
+    print(json.dumps({"url": url, "rule": rule.name, "data": record.get("data"),
+                      "data_errors": record.get("data_errors", {})},
+                     indent=2, ensure_ascii=False))
+    return 0
+
+
+def _fetch(url: str) -> tuple[bytes, str, str | None]:
+    """One fetch with the fleet's settings and address guard (FETCH_ALLOW_NETWORKS)."""
+    from common.core.config import load_settings
+    from common.web.fetch import Fetcher
+
+    fetcher = Fetcher(load_settings())
+    try:
+        response = fetcher.fetch(url)
+    finally:
+        fetcher.close()
+    if response.status >= 400:
+        raise FleetError(f"fetching {url} gave HTTP {response.status}")
+    return response.body, response.final_url, response.content_type
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Declarative extraction rules: load EXTRACT_RULES and validate it whole, at worker start.
+
+The value is ``@rules.yml`` / ``@rules.json`` (a file; YAML is a superset of JSON, so either
+loads) or inline JSON. Top level: a list of rules, or ``{"rules": [...]}``. A rule::
+
+    name: products          # optional; errors name it, else "rule N" (1-based)
+    host: shop.example      # matches the host and its subdomains
+    path: '^/p/\\d+$'       # regex searched in the URL's path
+    url: 'ref=\\w+'         # regex searched in the whole URL
+    fields: {NAME: FIELD, ...}
+    items: {selector: .product, fields: {NAME: FIELD, ...}, name: items}
+
+At least one of host/path/url; every one given must match; the first matching rule wins.
+A FIELD is a CSS selector string (its text), or a mapping: ``css`` or ``xpath``; ``get``
+(``text`` (default), ``attr:NAME``, ``html``); ``many``; ``regex`` (group 1 if it has groups,
+or ``group``); ``type`` (str int float decimal date bool url); ``format`` (strptime, for a
+date); ``default``. Selectors are compiled here: CSS through parsel's translator into XPath,
+every XPath by lxml, so a page never pays for compiling and a typo stops the worker at once.
+Any error is a :class:`ConfigError` naming the rule and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cssselect import SelectorError
+from lxml import etree
+from parsel.csstranslator import HTMLTranslator
+
+from common.core.errors import ConfigError
+
+TYPES = ("str", "int", "float", "decimal", "date", "bool", "url")
+RULE_KEYS = {"name", "host", "path", "url", "fields", "items"}
+FIELD_KEYS = {"css", "xpath", "get", "many", "regex", "group", "type", "format", "default"}
+ITEMS_KEYS = {"selector", "css", "xpath", "fields", "name"}
+
+_translator = HTMLTranslator()
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One field of a rule: a compiled selector and what to do with what it selects."""
+
+    name: str
+    xpath: str  # CSS translated; parsel evaluates it on the page's lxml tree
+    get: str  # "text", "html" or "attr"
+    attr: str | None
+    many: bool
+    regex: re.Pattern[str] | None
+    group: int | str
+    type: str
+    format: str | None
+    default: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Items:
+    """A repeated block (``.product`` on a listing page): each match gives one dict."""
+
+    name: str
+    xpath: str
+    fields: tuple[Field, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    host: str | None
+    path: re.Pattern[str] | None
+    url: re.Pattern[str] | None
+    fields: tuple[Field, ...] = ()
+    items: Items | None = None
+
+    def matches(self, url: str, host: str, path: str) -> bool:
+        if self.host is not None and host != self.host and not host.endswith("." + self.host):
+            return False
+        if self.path is not None and self.path.search(path) is None:
+            return False
+        return self.url is None or self.url.search(url) is not None
+
+
+def read_value(value: str) -> Any:
+    """The rules a setting value holds: ``@FILE`` (YAML or JSON) or inline JSON."""
+    value = value.strip()
+    if value.startswith("@"):
+        path = Path(value[1:])
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"EXTRACT_RULES: cannot read {path}: {exc.strerror}") from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"EXTRACT_RULES: {path} is not valid YAML/JSON: {exc}") from None
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise ConfigError(f"EXTRACT_RULES: inline value is not valid JSON: {exc}") from None
+
+
+def load_rules(value: str) -> tuple[Rule, ...]:
+    """Read and validate every rule of a setting value; :class:`ConfigError` on any mistake."""
+    raw = read_value(value)
+    if isinstance(raw, dict) and set(raw) == {"rules"}:
+        raw = raw["rules"]
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError("EXTRACT_RULES: expected a non-empty list of rules "
+                          "(or a mapping with one key, 'rules')")
+    return tuple(_rule(spec, n) for n, spec in enumerate(raw, 1))
+
+
+def _rule(spec: Any, n: int) -> Rule:
+    name, where = f"rule {n}", f"rule {n}"
+    if not isinstance(spec, dict):
+        raise ConfigError(f"EXTRACT_RULES {where}: expected a mapping, got {_kind(spec)}")
+    if isinstance(spec.get("name"), str) and spec["name"].strip():
+        name = spec["name"].strip()
+        where = f"rule {name!r}"
+    _no_unknown(spec, RULE_KEYS, where)
+    if not any(spec.get(key) for key in ("host", "path", "url")):
+        raise ConfigError(f"EXTRACT_RULES {where}: needs a matcher: host, path or url")
+    host = spec.get("host")
+    if host is not None:
+        if not isinstance(host, str) or not host.strip(".").strip():
+            raise ConfigError(f"EXTRACT_RULES {where} host: expected a host name")
+        host = host.strip().strip(".").lower()
+    fields = _fields(spec.get("fields"), where, required=spec.get("items") is None)
+    items = _items(spec["items"], where) if spec.get("items") is not None else None
+    return Rule(name=name, host=host, path=_regex(spec.get("path"), where, "path"),
+                url=_regex(spec.get("url"), where, "url"), fields=fields, items=items)
+
+
+def _items(spec: Any, where: str) -> Items:
+    where = f"{where} items"
+    if not isinstance(spec, dict):
+        raise ConfigError(f"EXTRACT_RULES {where}: expected a mapping, got {_kind(spec)}")
+    _no_unknown(spec, ITEMS_KEYS, where)
+    name = spec.get("name", "items")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"EXTRACT_RULES {where} name: expected a string")
+    if "xpath" in spec:
+        xpath = _xpath(spec["xpath"], where, "xpath")
+    else:
+        xpath = _css(spec.get("selector", spec.get("css")), where, "selector")
+    return Items(name, xpath, _fields(spec.get("fields"), where, required=True))
+
+
+def _fields(spec: Any, where: str, *, required: bool) -> tuple[Field, ...]:
+    if spec is None and not required:
+        return ()
+    if not isinstance(spec, dict) or not spec:
+        raise ConfigError(f"EXTRACT_RULES {where} fields: expected a non-empty mapping of "
+                          f"field names to selectors")
+    return tuple(_field(str(name), value, where) for name, value in spec.items())
+
+
+def _field(name: str, spec: Any, where: str) -> Field:
+    label = f"field {name!r}"
+    if isinstance(spec, str):
+        spec = {"css": spec}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: expected a CSS selector or a "
+                          f"mapping, got {_kind(spec)}")
+    _no_unknown(spec, FIELD_KEYS, f"{where} {label}")
+    if ("css" in spec) == ("xpath" in spec):
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: give exactly one of css, xpath")
+    xpath = (_css(spec["css"], where, label) if "css" in spec
+             else _xpath(spec["xpath"], where, label))
+    get = spec.get("get", "text")
+    attr = None
+    if isinstance(get, str) and get.startswith("attr:") and get[5:].strip():
+        get, attr = "attr", get[5:].strip()
+    elif get not in ("text", "html"):
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: unknown get {get!r} "
+                          f"(text, attr:NAME, html)")
+    type_ = spec.get("type", "str")
+    if type_ not in TYPES:
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: unknown type {type_!r} "
+                          f"(one of {', '.join(TYPES)})")
+    regex = _regex(spec.get("regex"), where, label)
+    group = spec.get("group", 1 if regex is not None and regex.groups else 0)
+    if regex is not None and not (
+            (isinstance(group, int) and not isinstance(group, bool) and 0 <= group <= regex.groups)
+            or (isinstance(group, str) and group in regex.groupindex)):
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: regex has no group {group!r}")
+    fmt = spec.get("format")
+    if fmt is not None and (type_ != "date" or not isinstance(fmt, str)):
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: format is a strptime string, "
+                          f"for type date only")
+    many = spec.get("many", False)
+    if not isinstance(many, bool):
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: many is true or false")
+    return Field(name=name, xpath=xpath, get=get, attr=attr, many=many, regex=regex,
+                 group=group, type=type_, format=fmt, default=spec.get("default"))
+
+
+def _css(css: Any, where: str, label: str) -> str:
+    if not isinstance(css, str) or not css.strip():
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: css selector must be a non-empty "
+                          f"string")
+    try:
+        xpath = _translator.css_to_xpath(css)
+    except SelectorError as exc:
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: bad CSS selector {css!r}: "
+                          f"{exc}") from None
+    return _xpath(xpath, where, label)
+
+
+def _xpath(xpath: Any, where: str, label: str) -> str:
+    if not isinstance(xpath, str) or not xpath.strip():
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: xpath must be a non-empty string")
+    try:
+        etree.XPath(xpath)
+    except etree.XPathSyntaxError as exc:
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: bad XPath {xpath!r}: "
+                          f"{exc}") from None
+    return xpath
+
+
+def _regex(pattern: Any, where: str, label: str) -> re.Pattern[str] | None:
+    if pattern is None:
+        return None
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: regex must be a non-empty string")
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: regex {pattern!r} does not "
+                          f"compile: {exc}") from None
+
+
+def _no_unknown(spec: dict, known: set[str], where: str) -> None:
+    unknown = sorted(str(key) for key in set(spec) - known)
+    if unknown:
+        raise ConfigError(f"EXTRACT_RULES {where}: unknown key(s) {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(known))})")
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__

@@ -8,7 +8,8 @@ freshly flushed Redis and freshly declared queues, so load from elsewhere on a s
 falls on both alike. Pages/s come from nginx's log; CPU and peak RSS from the kernel (wait4);
 Redis round trips are counted in the client (bench/probe) and cross-checked with Redis's own
 ``total_reads_processed``. After each fleet round the results stream is read back for the
-record sizes and its memory per entry (bench/capacity.py). The rounds are merged into one
+record sizes and its memory per entry (bench/capacity.py), and after the last one, when the
+sinks phase runs, copied to a file for it (bench/sink_rate.py). The rounds are merged into one
 figure set per crawler.
 """
 
@@ -47,6 +48,7 @@ from bench.shared import (
     summarise_profile,
     write_lines,
 )
+from bench.sink_rate import CAPTURE_FILE, capture_streams
 from common.broker import topology
 
 PROBE_DIR = REPO_ROOT / "bench" / "probe"
@@ -89,8 +91,10 @@ def logged_crawl(ctx: Ctx, offset: int, user_agent: str,
     return lines, pages, first_request_s(pages)
 
 
-def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
-    """Seed ``urls``, then let N workers with every feature on drain them."""
+def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str,
+                capture: Path | None = None) -> dict[str, Any]:
+    """Seed ``urls``, then let N workers with every feature on drain them; with ``capture``,
+    copy the round's records there afterwards for the sinks phase (bench/sink_rate.py)."""
     sizes = ctx.sizes
     reset(ctx.services)
     empty_memory = used_memory(ctx)
@@ -129,6 +133,7 @@ def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
     counters = {k.decode(): int(v) for k, v in client.hgetall("stats:counters").items()}
     memory_after = int(client.info("memory")["used_memory"])
     stream = stream_figures(client)
+    captured = capture_streams(client, capture, ctx.sizes.sink_entries) if capture else None
     client.close()
     depths = queue_depths(ctx.services, [*topology.WORK_QUEUES, topology.FAILED_QUEUE])
 
@@ -151,6 +156,7 @@ def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
         "robots_requests": sum(1 for line in lines if line.uri == "/robots.txt"
                                and line.user_agent == FLEET_UA),
         "results": results,
+        "captured_for_sinks": captured,
         "counters": counters,
         **stream,
         # Everything the round left in Redis (results, seen and done sets of a small farm,
@@ -294,7 +300,9 @@ def phase_crawl(ctx: Ctx, wanted: Sequence[str]) -> dict[str, dict[str, Any]]:
     for r in range(rounds):
         chunk = urls[r::rounds]
         if "fleet" in wanted:
-            fleet_rounds.append(phase_fleet(ctx, chunk, f"r{r + 1}"))
+            # The sinks phase drains the last fleet round's records (the peer flushes Redis).
+            capture = ctx.work / CAPTURE_FILE if "sinks" in wanted and r == rounds - 1 else None
+            fleet_rounds.append(phase_fleet(ctx, chunk, f"r{r + 1}", capture))
             log(f"fleet round {r + 1}/{rounds}: {fleet_rounds[-1]['pages_per_s']:.0f} pages/s")
         if skipped is None:
             peer_rounds.append(phase_peer(ctx, chunk, f"r{r + 1}"))

@@ -31,6 +31,8 @@ TARGET_PRODUCER_PER_S = 5000.0
 TARGET_SEEN_BYTES = 16.0
 TARGET_PRIORITY_P95_S = 2.0
 TARGET_POLITE_RATIO = 1.05
+TARGET_FILES_SINK_RATIO = 3.0     # files sink rows/s per fleet page/s
+TARGET_POSTGRES_SINK_RATIO = 1.0  # PostgreSQL sink rows/s per fleet page/s
 
 #: Row labels, in table order; tests/test_bench.py checks every one is printed.
 FIGURES: tuple[str, ...] = (
@@ -51,6 +53,10 @@ FIGURES: tuple[str, ...] = (
     "result record bytes p99",
     "result record bytes max",
     "pages per GB of Redis",
+    "files sink rows/s",
+    "PostgreSQL sink rows/s",
+    "files sink / fleet pages/s",
+    "PostgreSQL sink / fleet pages/s",
     "priority wait p50",
     "priority wait p95",
     "politeness duration / bound",
@@ -64,7 +70,7 @@ def figure_phase(figure: str) -> str:
     prefixes = (("scrapy-redis", "peer"), ("fleet /", "peer"),
                 ("system CPU per page, scrapy", "peer"), ("producer", "producer"),
                 ("seen-set", "seen"), ("priority", "priority"), ("politeness", "politeness"),
-                ("machine", "machine"))
+                ("files sink", "sinks"), ("PostgreSQL sink", "sinks"), ("machine", "machine"))
     for prefix, phase in prefixes:
         if figure.startswith(prefix):
             return phase
@@ -124,6 +130,7 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
         f"of {seen.get('non_members_checked', 0):,} non-members", "0 (exact)",
         "pass" if exact else "FAIL", 0)
     add_capacity(add, fleet, seen)
+    add_sinks(add, fleet, phases)
     add("priority wait p50", prio.get("p50_s"), f"s, behind {prio.get('backlog', 0):,} URLs",
         "", "info", 3)
     p95 = prio.get("p95_s")
@@ -155,6 +162,34 @@ def add_capacity(add: Callable[..., None], fleet: dict[str, Any], seen: dict[str
             f"cache {cache or 0:,.0f} B/page for its TTL on top")
     add("pages per GB of Redis", pages_per_gib(stream, per_url), unit, "",
         "info" if seen else "skipped", 0)
+
+
+def add_sinks(add: Callable[..., None], fleet: dict[str, Any],
+              phases: dict[str, dict[str, Any]]) -> None:
+    """Each sink's rows/s draining the fleet's records, and as a multiple of its pages/s."""
+    sinks = phases.get("sinks")
+    pages_per_s = fleet.get("pages_per_s")
+    kinds = (("files", "files sink", "entries/s, gzip JSONL, fsync", TARGET_FILES_SINK_RATIO),
+             ("postgres", "PostgreSQL sink", "rows/s, upserts, sync commit",
+              TARGET_POSTGRES_SINK_RATIO))
+    ratios = []
+    for key, label, what, target in kinds:
+        sink = (sinks or {}).get(key) or {}
+        if sinks is None or "skipped" in sink:
+            why = f"skipped: {sink['skipped']}"[:72] if "skipped" in sink else ""
+            add(f"{label} rows/s", None, why, "", "skipped", 0)
+            ratios.append((f"{label} / fleet pages/s", None, "x", f">= {target:g}", "skipped"))
+            continue
+        rate = sink.get("rows_per_s")
+        ratio = rate / pages_per_s if rate and pages_per_s else None
+        unit = (f"{what}, {sink.get('entries', 0):,} farm records, "
+                f"batches of {sinks.get('sink_batch')}")
+        add(f"{label} rows/s", rate, unit, "", "info", 0)
+        ratios.append((f"{label} / fleet pages/s", ratio,
+                       f"x the fleet's {pages_per_s or 0:,.0f} pages/s", f">= {target:g}",
+                       judge(ratio, at_least=target)))
+    for figure, ratio, unit, target, verdict in ratios:  # in FIGURES order: rates, then ratios
+        add(figure, ratio, unit, target, verdict, 1)
 
 
 def _json_default(value: Any) -> Any:

@@ -18,10 +18,14 @@ freshly flushed Redis and freshly declared queues; each phase lives in its own m
               of the farm's URL list, so both meet the same background load.
 2. peer       bench/crawl_rounds.py: the same URLs, N scrapy-redis spider processes
               (bench/peer_spider.py, bench venv); pages/s and the ratio.
-3. producer   bench/producer_rate.py: ``producer.py -f`` with fresh URLs, new URLs per second.
-4. seen       bench/seen_memory.py: Redis bytes per seen URL, and exactness.
-5. priority   bench/priority_wait.py: publish-to-fetch time of priority URLs behind a backlog.
-6. politeness bench/politeness.py: per-domain limits, duration against the limit's bound.
+3. sinks      bench/sink_rate.py: the last fleet round's records (copied after that round),
+              drained end to end by ``sink.py files`` and ``sink.py postgres`` (a PostgreSQL
+              the phase starts), each a fresh sink retired afterwards; rows/s, and rows/s per
+              fleet page/s. Needs the fleet phase.
+4. producer   bench/producer_rate.py: ``producer.py -f`` with fresh URLs, new URLs per second.
+5. seen       bench/seen_memory.py: Redis bytes per seen URL, and exactness.
+6. priority   bench/priority_wait.py: publish-to-fetch time of priority URLs behind a backlog.
+7. politeness bench/politeness.py: per-domain limits, duration against the limit's bound.
 
 Before and after the phases, bench/machine_speed.py times a reference parse; bench/report.py
 turns the results into the table (stdout) and ``bench/out/bench-<time>.json`` (and --json);
@@ -53,6 +57,7 @@ from bench.producer_rate import phase_producer  # noqa: E402
 from bench.report import FIGURES, write_report  # noqa: E402
 from bench.seen_memory import phase_seen  # noqa: E402
 from bench.shared import FLEET_ENV_OVERRIDES, OUT_DIR, REPO_ROOT, Ctx, Sizes, log  # noqa: E402
+from bench.sink_rate import phase_sinks  # noqa: E402
 from devtools.services import fleet_services  # noqa: E402
 
 __all__ = ["FIGURES", "main", "parse_args"]
@@ -70,8 +75,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="attach py-spy to workers and spiders; summary in the JSON")
     parser.add_argument("--bench-python", type=Path, default=DEFAULT_BENCH_PYTHON,
                         help="python of the bench venv (scrapy, scrapy-redis)")
-    parser.add_argument("--phases", default="fleet,peer,producer,seen,priority,politeness",
-                        help="comma-separated subset to run")
+    parser.add_argument("--phases", default="fleet,peer,sinks,producer,seen,priority,politeness",
+                        help="comma-separated subset to run (fleet and peer first, the rest in "
+                             "the order given; sinks needs fleet)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, farm)")
     parser.add_argument("--fleet-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment for every fleet process (repeatable), e.g. "
@@ -88,7 +94,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="scrapy-redis's shared Redis scheduler (its distributed set-up) or "
                              "Scrapy's in-process one")
     for name in ("sites", "pages", "producer-urls", "seen-urls", "seen-probe", "backlog",
-                 "priority-samples", "polite-domains", "polite-urls"):
+                 "priority-samples", "polite-domains", "polite-urls", "sink-entries"):
         parser.add_argument(f"--{name}", type=int, default=None)
     return parser.parse_args(argv)
 
@@ -115,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with NginxFarm(farm) as server, fleet_services() as services:
             ctx = Ctx(args, sizes, work, farm, server, services)
             steps: dict[str, Callable[[Ctx], dict[str, Any]]] = {
-                "producer": phase_producer, "seen": phase_seen, "priority": phase_priority,
-                "politeness": phase_politeness}
+                "sinks": phase_sinks, "producer": phase_producer, "seen": phase_seen,
+                "priority": phase_priority, "politeness": phase_politeness}
             unknown = set(wanted) - set(steps) - {"fleet", "peer"}
             if unknown:
                 raise SystemExit(f"unknown phase(s) {sorted(unknown)}; known: fleet, peer, "

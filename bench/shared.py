@@ -58,6 +58,7 @@ class Sizes:
     polite_domains: int
     polite_urls: int
     polite_rate: int
+    sink_entries: int
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Sizes:
@@ -77,7 +78,7 @@ class Sizes:
             backlog=pick("backlog", 10_000, 1_500),
             priority_samples=pick("priority_samples", 20, 5), priority_interval_s=0.3,
             polite_domains=pick("polite_domains", 3, 2), polite_urls=pick("polite_urls", 100, 15),
-            polite_rate=5)
+            polite_rate=5, sink_entries=pick("sink_entries", 10_000, 200))
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 The end-to-end test runs ``bash bench/run.sh --small`` (tiny farm, scrapy-redis peer included,
 so the bench venv is built on a fresh machine: about 30 s the first time) and checks that the
-table prints every figure with a number. It asserts no target: figures on a shared machine
-are the bench's output, not a test's verdict.
+table prints every figure with a number, and that the sinks phase drained every record of the
+fleet round through both sinks, wrote each once and retired them. It asserts no target:
+figures on a shared machine are the bench's output, not a test's verdict.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import pytest
 
 from bench.farm import parse_log_line
 from bench.figures import Row, min_duration_s, percentile, rate_per_s, windows_over_limit
-from bench.run import FIGURES
+from bench.report import build_rows
+from bench.run import FIGURES, parse_args
+from bench.shared import Sizes
 from devtools.services import FleetServices
 from tests.helpers import REPO_ROOT
 
@@ -67,6 +70,26 @@ def test_missing_value_renders_as_not_available():
     assert Row("x", 12345.6).value_text() == "12,346"
 
 
+def test_sink_rows_divide_by_the_fleet_rate_and_say_why_they_were_skipped():
+    phases = {"fleet": {"pages_per_s": 500.0},
+              "sinks": {"sink_batch": 500,
+                        "files": {"rows_per_s": 1200.0, "entries": 10_000},
+                        "postgres": {"skipped": "no PostgreSQL: binaries not found"}}}
+    rows = {row.figure: row for row in build_rows(Sizes.from_args(parse_args([])), phases)}
+    assert rows["files sink rows/s"].value == 1200.0
+    assert rows["files sink / fleet pages/s"].value == pytest.approx(2.4)
+    assert rows["files sink / fleet pages/s"].verdict == "FAIL"  # under 3x
+    assert rows["PostgreSQL sink rows/s"].verdict == "skipped"
+    assert "binaries not found" in rows["PostgreSQL sink rows/s"].unit
+    assert rows["PostgreSQL sink / fleet pages/s"].verdict == "skipped"
+    without = {row.figure: row for row in build_rows(Sizes.from_args(parse_args([])),
+                                                     {"fleet": {"pages_per_s": 500.0}})}
+    assert without["files sink rows/s"].verdict == "skipped"
+    assert list(without) == list(FIGURES)
+    assert [row.figure for row in build_rows(Sizes.from_args(parse_args([])), phases)] == list(
+        FIGURES)
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_small_bench_prints_every_figure_with_a_number(services: FleetServices, tmp_path):
@@ -84,3 +107,27 @@ def test_small_bench_prints_every_figure_with_a_number(services: FleetServices, 
     assert [row["figure"] for row in report["rows"]] == list(FIGURES)
     assert all(isinstance(row["value"], int | float) for row in report["rows"])
     assert report["phases"]["fleet"]["pages_logged"] == report["farm"]["sites"] * report["farm"]["pages"]
+    _check_sinks(report)
+
+
+def _check_sinks(report: dict) -> None:
+    """Both sinks drained the fleet round's records, wrote each once, exited 0 and were
+    retired; the ratio rows divide by the fleet's pages/s of the same run."""
+    rows = {row["figure"]: row for row in report["rows"]}
+    fleet = report["phases"]["fleet"]
+    records = fleet["rounds"][-1]["results"]
+    assert records == fleet["rounds"][-1]["captured_for_sinks"] > 0
+    sinks = report["phases"]["sinks"]
+    assert sinks["entries"]["results"] == records
+    files, postgres = sinks["files"], sinks["postgres"]
+    for sink in (files, postgres):
+        assert sink["entries"] == records, sink
+        assert sink["exit_code"] == 0 and sink["registered_after"] == [], sink
+    assert files["written"]["lines"] == files["written"]["distinct_ids"] == records
+    assert files["written"]["open_parts"] == 0
+    assert postgres["written"]["rows"] == sinks["urls"] == records
+    for label, sink in (("files sink", files), ("PostgreSQL sink", postgres)):
+        assert rows[f"{label} rows/s"]["value"] == pytest.approx(sink["rows_per_s"])
+        assert rows[f"{label} / fleet pages/s"]["value"] == pytest.approx(
+            sink["rows_per_s"] / fleet["pages_per_s"])
+        assert rows[f"{label} / fleet pages/s"]["verdict"] in ("pass", "FAIL")

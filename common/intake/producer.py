@@ -227,15 +227,12 @@ class Producer:
         return fresh
 
     def _mark_seen(self, fps: list[Fingerprint], *, claimed: bool) -> None:
-        """Mark confirmed URLs as seen and drop their claims, in one round trip."""
+        """Mark confirmed URLs as seen (one script call), then drop their claims (crawl mode)."""
         if not fps:
             return
-        pipe = self.seen.client.pipeline(transaction=False)
-        for fp in fps:
-            pipe.sadd(self.seen.key(fp), fp.member)
+        self.seen.add_many(fps)
         if claimed:
-            pipe.delete(*self.claims.keys(fps))
-        pipe.execute()
+            self.seen.client.delete(*self.claims.keys(fps))
 
     def _publish_with_retries(self, accepted: list[_Accepted], invalid: list[tuple[str, str]]
                               ) -> tuple[list[_Accepted], list[_Accepted]]:

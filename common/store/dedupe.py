@@ -20,6 +20,19 @@ from common.core.urls import Fingerprint, fingerprint
 from common.store.keys import DONE_PREFIX, SEEN_PREFIX, claim_key, seen_bucket
 from common.store.marks import DoneMark
 
+# KEYS[i] the bucket of fingerprint i, ARGV[i] its member. One command for a whole batch:
+# redis-py packs and parses one command instead of a pipeline of one per URL.
+SISMEMBER_EACH_LUA = """
+local found = {}
+for i, key in ipairs(KEYS) do found[i] = redis.call('SISMEMBER', key, ARGV[i]) end
+return found
+"""
+SADD_EACH_LUA = """
+local added = {}
+for i, key in ipairs(KEYS) do added[i] = redis.call('SADD', key, ARGV[i]) end
+return added
+"""
+
 
 class SeenSet:
     """A set of URL fingerprints in ``buckets`` small intsets under ``prefix``.
@@ -31,6 +44,8 @@ class SeenSet:
         self.client = client
         self.buckets = buckets
         self.prefix = prefix
+        self._sismember_each = client.register_script(SISMEMBER_EACH_LUA)
+        self._sadd_each = client.register_script(SADD_EACH_LUA)
 
     def key(self, fp: Fingerprint) -> str:
         return seen_bucket(fp.bucket(self.buckets), self.prefix)
@@ -39,10 +54,9 @@ class SeenSet:
         """Mark fingerprints as seen; True for each one that was new (one round trip)."""
         if not fps:
             return []
-        pipe = self.client.pipeline(transaction=False)
-        for fp in fps:
-            pipe.sadd(self.key(fp), fp.member)
-        return [added == 1 for added in pipe.execute()]
+        added = self._sadd_each(keys=[self.key(fp) for fp in fps],
+                                args=[fp.member for fp in fps])
+        return [flag == 1 for flag in added]
 
     def remove_many(self, fps: Sequence[Fingerprint]) -> int:
         """Forget fingerprints (unconfirmed publishes, expired messages). Returns how many."""
@@ -56,10 +70,9 @@ class SeenSet:
     def contains_many(self, fps: Sequence[Fingerprint]) -> list[bool]:
         if not fps:
             return []
-        pipe = self.client.pipeline(transaction=False)
-        for fp in fps:
-            pipe.sismember(self.key(fp), fp.member)
-        return [bool(found) for found in pipe.execute()]
+        found = self._sismember_each(keys=[self.key(fp) for fp in fps],
+                                     args=[fp.member for fp in fps])
+        return [bool(flag) for flag in found]
 
     def count(self) -> int:
         """Number of fingerprints, by SCARD over the existing buckets (for stats)."""

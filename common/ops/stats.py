@@ -40,6 +40,23 @@ WINDOW_S = 60
 DROPPING_AT = 0.9
 
 
+#: Entries read per XRANGE page when counting: the reply (and Redis's output buffer for it)
+#: stays small however many results the last minute holds.
+_COUNT_PAGE = 200
+
+
+def _count_since(client: redis.Redis, stream: str, since_ms: int) -> int:
+    """How many entries ``stream`` got since ``since_ms``, read a page at a time."""
+    count, start = 0, str(since_ms)
+    while True:
+        page = client.xrange(stream, min=start, max="+", count=_COUNT_PAGE)
+        count += len(page)
+        if len(page) < _COUNT_PAGE:
+            return count
+        last = page[-1][0]
+        start = "(" + (last.decode() if isinstance(last, bytes) else last)
+
+
 def _management(settings: Settings) -> tuple[str, tuple[str, str]] | None:
     """Management API base URL and credentials, derived from the AMQP URL when not set."""
     amqp = pika.URLParameters(settings.rabbitmq_url)
@@ -99,8 +116,7 @@ def collect(settings: Settings, connection: pika.BlockingConnection,
     hits, misses = counters.get("cache_hits", 0), counters.get("cache_misses", 0)
     seconds, micros = client.time()
     now_ms = seconds * 1000 + micros // 1000
-    recent = client.xrange(RESULTS_STREAM, min=str(now_ms - WINDOW_S * 1000), max="+",
-                           count=1_000_000)
+    recent = _count_since(client, RESULTS_STREAM, now_ms - WINDOW_S * 1000)
     workers = alive_workers(client)
     for worker in workers:
         age = round(max(0.0, time.time() - worker.get("beat", time.time())), 1)
@@ -116,7 +132,7 @@ def collect(settings: Settings, connection: pika.BlockingConnection,
         "expired_waiting": queues[topology.EXPIRED_QUEUE]["ready"],
         "seen": SeenSet(client, settings.seen_buckets).count(),
         "results": ResultStore(client, settings.results_maxlen).count(),
-        "pages_per_s_last_minute": round(len(recent) / WINDOW_S, 2),
+        "pages_per_s_last_minute": round(recent / WINDOW_S, 2),
         "cache": {"hits": hits, "misses": misses,
                   "hit_ratio": round(hits / (hits + misses), 3) if hits + misses else None},
         "robots_blocked": counters.get("robots_blocked", 0),

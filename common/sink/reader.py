@@ -111,8 +111,13 @@ class SinkReader:
         both streams from id 0 (everything still in them). Idempotent."""
 
         def do() -> None:
-            self.client.sadd(SINKS, self.name)
+            # Read first, write only what is missing: a Redis over maxmemory refuses SADD and
+            # XGROUP CREATE, and that is when an operator starts a sink to drain it.
+            if not self.client.sismember(SINKS, self.name):
+                self.client.sadd(SINKS, self.name)
             for stream in STREAMS:
+                if self._has_group(stream):
+                    continue
                 try:
                     self.client.xgroup_create(stream, self.group, id="0", mkstream=True)
                 except redis.ResponseError as exc:
@@ -120,6 +125,13 @@ class SinkReader:
                         raise
 
         self._redis("register", do)
+
+    def _has_group(self, stream: str) -> bool:
+        try:
+            groups = self.client.xinfo_groups(stream)
+        except redis.ResponseError:  # no such stream yet
+            return False
+        return any(_text(g.get("name")) == self.group for g in groups)
 
     def batches(self, stop: threading.Event) -> Iterator[list[Entry]]:
         """Lists of entries until ``stop`` is set: first this consumer's pending entries (the
@@ -210,11 +222,12 @@ class SinkReader:
         while True:
             try:
                 return call()
-            except REDIS_UNAVAILABLE as exc:
+            except (*REDIS_UNAVAILABLE, redis.exceptions.OutOfMemoryError) as exc:
                 attempt += 1
                 self._replaying, self._cursor = True, dict.fromkeys(STREAMS, "0")
                 delay = reconnect_delay_s(attempt)
-                logger.warning("sink %s: %s failed, Redis unavailable (%s); retry in %.1f s",
+                logger.warning("sink %s: %s failed, Redis unavailable or full (%s); retry in "
+                               "%.1f s",
                                self.name, what, exc, delay)
                 if self._stop.wait(delay):
                     raise Stopped(what) from None

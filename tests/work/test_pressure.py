@@ -139,7 +139,7 @@ def _get(port: int, path: str) -> tuple[int, str, str]:
             return response.status, response.read().decode(), response.headers["Content-Type"]
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(), exc.headers["Content-Type"]
-    except urllib.error.URLError as exc:  # not listening yet
+    except (urllib.error.URLError, ConnectionError) as exc:  # not listening yet
         return 0, str(exc), ""
 
 
@@ -342,7 +342,8 @@ def test_healthz_turns_503_after_repeated_redis_refusals_and_200_once_redis_acce
         assert wait_for(lambda: worker.pressure.verdict.reason == ERRORS, 10)
         assert 'fleet_worker_healthy 0.0' in _get(port, "/metrics")[1]
 
-        redis_client.acl_setuser("pressure-test", commands=["+@all"])  # Redis accepts again
+        redis_client.acl_setuser("pressure-test", enabled=True,  # Redis accepts again
+                                 commands=["+@all"])
         assert wait_for(lambda: _get(port, "/healthz")[0] == 200, 120)
         assert running.join(120) == 0
     _one_result_each(redis_client, urls)

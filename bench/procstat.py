@@ -46,8 +46,9 @@ def proc_rss_kb(pid: int) -> tuple[int, int] | None:
     return values.get("VmRSS", 0), values.get("VmHWM", 0)
 
 
-def group_cpu_s(pgid: int) -> float:
-    """Summed utime + stime of the live processes in process group ``pgid``."""
+def cpu_s_where(field: int, value: int) -> float:
+    """Summed utime + stime of the live processes whose /proc stat field number ``field``
+    (after the command: 1 = parent pid, 2 = process group) equals ``value``."""
     total = 0.0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -57,9 +58,14 @@ def group_cpu_s(pgid: int) -> float:
         except OSError:
             continue
         fields = raw[raw.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid:
+        if int(fields[field]) == value:
             total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return total
+
+
+def group_cpu_s(pgid: int) -> float:
+    """Summed utime + stime of the live processes in process group ``pgid``."""
+    return cpu_s_where(2, pgid)
 
 
 @dataclass

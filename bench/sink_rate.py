@@ -31,7 +31,6 @@ pages/s of the same run. When no PostgreSQL can be had, its rows say "skipped" a
 from __future__ import annotations
 
 import gzip
-import os
 import re
 import signal
 import sys
@@ -46,7 +45,7 @@ import psycopg
 import redis
 from psycopg import sql
 
-from bench.procstat import Watched, proc_cpu_s
+from bench.procstat import Watched, cpu_s_where, proc_cpu_s
 from bench.shared import REPO_ROOT, Ctx, fleet_env, log, reset, services_cpu
 from common.core.config import Settings
 from common.sink.reader import SinkReader, retire
@@ -239,18 +238,7 @@ def time_sink(ctx: Ctx, kind: str, args: list[str], env: dict[str, str],
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds of ``pid`` and its live children (the postmaster and its backends, which
     each run in a session of their own, so not its process group)."""
-    total = proc_cpu_s(pid) or 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2:].split()
-        if int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return (proc_cpu_s(pid) or 0.0) + cpu_s_where(1, pid)
 
 
 # -- the two sinks ----------------------------------------------------------------------------

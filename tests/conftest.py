@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pika
 import pytest
@@ -47,14 +48,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
-@pytest.fixture(scope="session")
-def services() -> Iterator[FleetServices]:
-    """RabbitMQ and Redis for the whole session (a local RabbitMQ takes 5-20 s to start)."""
-    manager = fleet_services()
+def _session_service(manager: Any, what: str) -> Iterator[Any]:
+    """Enter ``manager`` once for the session; unavailable is a failure under CI, else a skip."""
     try:
         started = manager.__enter__()
     except RuntimeError as exc:
-        message = f"RabbitMQ/Redis unavailable: {exc}"
+        message = f"{what} unavailable: {exc}"
         if _in_ci():
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
@@ -62,24 +61,19 @@ def services() -> Iterator[FleetServices]:
         yield started
     finally:
         manager.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[FleetServices]:
+    """RabbitMQ and Redis for the whole session (a local RabbitMQ takes 5-20 s to start)."""
+    yield from _session_service(fleet_services(), "RabbitMQ/Redis")
 
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresService]:
     """PostgreSQL for the whole session: POSTGRES_URL, else Docker, else Debian's binaries
     (initdb and start take a second or two; as root the server runs as ``postgres``)."""
-    manager = postgres_service()
-    try:
-        started = manager.__enter__()
-    except RuntimeError as exc:
-        message = f"PostgreSQL unavailable: {exc}"
-        if _in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    try:
-        yield started
-    finally:
-        manager.__exit__(None, None, None)
+    yield from _session_service(postgres_service(), "PostgreSQL")
 
 
 @pytest.fixture

@@ -66,6 +66,8 @@ class Settings:
     max_record_bytes: int = 65536
     record_max_links: int = 1000
     extract_rules: str = ""
+    extractor: str = ""
+    extractor_timeout_s: float = 2.0
     redis_memory_high: float = 0.9
     redis_memory_low: float = 0.8
     results_backlog_high: int = 80_000

@@ -168,6 +168,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("EXTRACT_RULES", "extract_rules", values.rules_ref, "",
          "Extraction rules: `@rules.yml`, `@rules.json` or inline JSON; the values go into "
          "each matching page's record under `data`. Validated at worker start. Empty: none."),
+    Knob("EXTRACTOR", "extractor", values.text, "",
+         "User extraction function `package.module:function`, called on each HTML page after "
+         "the rules; its `data` wins over theirs. Imported at worker start. Empty: none."),
+    Knob("EXTRACTOR_TIMEOUT_S", "extractor_timeout_s", values.positive_float, "2",
+         "An EXTRACTOR call taking longer has its output discarded (`extractor_slow`)."),
     Knob("RECORD_MAX_LINKS", "record_max_links", values.non_negative_int, "1000",
          "Links kept in a result record (crawl mode still follows every link it extracted)."),
     Knob("REDIS_MEMORY_HIGH", "redis_memory_high", values.fraction, "0.9",

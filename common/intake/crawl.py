@@ -80,11 +80,13 @@ class LinkFollower:
         return any(host == d or host.endswith("." + d) for d in self.allowed)
 
     def follow(self, page_url: str, links: Sequence[str], depth: int,
-               rules: RobotsRules | None, page_token: str) -> ProduceSummary | None:
+               rules: RobotsRules | None, page_token: str,
+               force_priority: bool = False) -> ProduceSummary | None:
         """Enqueue the in-scope links of a page at ``depth``; None when nothing to follow.
 
         ``page_token`` names the page (the same on a redelivery): its new links are claimed
         for it while they are published (see :class:`common.store.dedupe.Claims`).
+        ``force_priority`` routes them to the priority queue (EXTRACTOR's ``priority``).
         """
         if depth + 1 > self.settings.crawl_max_depth:
             return None
@@ -94,7 +96,8 @@ class LinkFollower:
         if not chosen:
             return None
         return self._producer().submit(chosen, depth=depth + 1, keep=self._within_budget,
-                                       claim_token=page_token)
+                                       claim_token=page_token,
+                                       force_priority=force_priority)
 
     def _within_budget(self, urls: list[str]) -> list[bool]:
         by_domain: dict[str, list[int]] = defaultdict(list)

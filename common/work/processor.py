@@ -50,6 +50,7 @@ from common.work.extract import Extractor
 from common.work.outcome import Failure, Outcome, dead_letter, park
 from common.work.parse import NotHTML, is_html, parse_html
 from common.work.record import add_page, bound, failure_record, fetch_record
+from common.work.user_extractor import UserExtractor
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Processor:
         # switches a page with 8 threads). Fetches, which wait on the network, stay parallel.
         self._parse_slots = threading.BoundedSemaphore(settings.parse_concurrency)
         self.extractor = Extractor.from_setting(settings.extract_rules)  # ConfigError if bad
+        self.custom = UserExtractor.from_setting(settings.extractor, settings.extractor_timeout_s)
 
     # -- entry points -------------------------------------------------------------------------
     def process(self, body: bytes, queue: str) -> Outcome:
@@ -225,11 +227,12 @@ class Processor:
         record = fetch_record(url, response, worker=self.settings.worker_id, queue=queue,
                               depth=message.depth, attempts=message.attempts + 1, cached=cached)
         links: tuple[str, ...] = ()
+        call = self.custom.bind(record, response) if self.custom else None
         if response.body and is_html(response.content_type, response.body[:512]):
             try:
                 hook = self.extractor and self.extractor.hook(record, response.final_url)
                 page = parse_html(response.body, response.final_url, response.content_type,
-                                  on_tree=hook or None)
+                                  on_tree=call.wrap(hook or None) if call else hook or None)
             except NotHTML as exc:
                 record["error"] = f"not_html: {exc}"
             else:
@@ -240,6 +243,8 @@ class Processor:
                                             rules, page_token=f"{done.key}:{done.member}")
             if followed is not None:
                 record["followed"] = followed.new
+        if call:  # EXTRACTOR's follow URLs (common/work/user_extractor.py)
+            call.enqueue(self.follower, message.depth, rules, f"{done.key}:{done.member}")
         bound(record, self.settings.max_record_bytes)
         cache_value = None
         if not cached and self.settings.cache_ttl_s > 0:

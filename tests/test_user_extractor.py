@@ -1,0 +1,115 @@
+"""EXTRACTOR (common/work/user_extractor.py) through the real fleet: Producer -> RabbitMQ ->
+WorkerThread -> the results stream, with user modules written into tmp_path."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+
+import pytest
+
+from common.core.errors import ConfigError
+from common.intake.producer import Producer
+from common.work.processor import Processor
+from tests.helpers import WorkerThread, results
+
+HTML = {"Content-Type": "text/html; charset=utf-8"}
+PAGE = "<html><body><h1>Widget</h1><p class=price>12.50</p><p>café</p></body></html>"
+
+USER_MODULE = '''
+import time
+
+def extract(page):
+    if page.url.endswith("/ux/boom"):
+        raise ValueError("no price here " + "x" * 300)
+    if page.url.endswith("/ux/slow"):
+        time.sleep(0.6)
+        return {"data": {"late": True}}
+    follow = ["b"] if page.url.endswith("/ux/a") else []
+    return {"data": {"price": page.selector.css(".price::text").get(),
+                     "h1": page.root.findtext(".//h1"), "status": page.status,
+                     "server_header": "content-type" in {k.lower() for k in page.headers},
+                     "has_cafe": "café" in page.text, "rules_saw": page.data},
+            "follow": follow, "priority": True}
+
+value = 42
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    name = f"ux_user_{uuid.uuid4().hex}"  # a fresh module: sys.modules caches by name
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(USER_MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def _run(settings, redis_client, urls, **overrides) -> dict[str, dict]:
+    with Producer(settings, redis_client) as producer:
+        producer.submit(urls)
+    overrides = {"idle_exit_s": 1.0, "concurrency": 4, **overrides}
+    with WorkerThread(settings.with_overrides(**overrides)) as worker:
+        assert worker.join(30) == 0
+    return {r["url"]: r for r in results(redis_client)}
+
+
+def test_the_function_extracts_fields_and_follows_urls_at_priority(settings, redis_client,
+                                                                  site, user_module):
+    for path in ("/ux/a", "/ux/b"):
+        site.route(path, lambda _r: (200, HTML, PAGE.encode()))
+    rules = json.dumps({"rules": [{"name": "h", "url": "/ux/", "fields": {"h1": "h1",
+                                                                          "only_rule": "p"}}]})
+    records = _run(settings, redis_client, [site.url("/ux/a")], crawl_enabled=True,
+                   extractor=f"{user_module}:extract", extract_rules=rules)
+    assert set(records) == {site.url("/ux/a"), site.url("/ux/b")}
+    a = records[site.url("/ux/a")]
+    assert a["data"] == {"h1": "Widget", "only_rule": "12.50", "price": "12.50", "status": 200,
+                         "server_header": True, "has_cafe": True,
+                         "rules_saw": {"h1": "Widget", "only_rule": "12.50"}}
+    assert "data_errors" not in a and a["extractor_followed"] == 1
+    b = records[site.url("/ux/b")]
+    assert b["queue"] == "priority_queue" and b["depth"] == 1 and b["data"]["price"] == "12.50"
+
+
+def test_follow_urls_need_crawl_mode(settings, redis_client, site, user_module):
+    site.route("/ux/a", lambda _r: (200, HTML, PAGE.encode()))
+    records = _run(settings, redis_client, [site.url("/ux/a")],
+                   extractor=f"{user_module}:extract")
+    assert list(records) == [site.url("/ux/a")]
+    record = records[site.url("/ux/a")]
+    assert record["data"]["price"] == "12.50"
+    assert record["data_errors"] == {
+        "extractor_follow": "CRAWL_ENABLED is off: 1 URLs not followed"}
+
+
+def test_a_raising_or_slow_function_is_recorded_and_the_worker_goes_on(
+        settings, redis_client, site, user_module):
+    for path in ("/ux/boom", "/ux/slow", "/ux/ok"):
+        site.route(path, lambda _r: (200, HTML, PAGE.encode()))
+    urls = [site.url(p) for p in ("/ux/boom", "/ux/slow", "/ux/ok")]
+    records = _run(settings, redis_client, urls, extractor=f"{user_module}:extract",
+                   extractor_timeout_s=0.3, concurrency=1)
+    assert set(records) == set(urls)
+    boom = records[urls[0]]
+    error = boom["data_errors"]["extractor"]
+    assert error.startswith("ValueError: no price here xxx") and len(error) == 200
+    assert boom["status"] == 200 and "data" not in boom
+    slow = records[urls[1]]
+    assert slow["data_errors"]["extractor"].startswith("extractor_slow: took 0.")
+    assert "data" not in slow
+    assert records[urls[2]]["data"]["price"] == "12.50"  # the same thread went on
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("nocolon", r"EXTRACTOR='nocolon' is invalid: expected package\.module:function"),
+    ("ux_no_such_module_zz:f", r"EXTRACTOR='ux_no_such_module_zz:f': cannot import module "
+                               r"'ux_no_such_module_zz': ModuleNotFoundError"),
+    ("{mod}:missing", r"EXTRACTOR='{mod}:missing': module '{mod}' has no attribute 'missing'"),
+    ("{mod}:value", r"EXTRACTOR='{mod}:value': 'value' is not callable \(type int\)"),
+])
+def test_a_bad_extractor_stops_the_worker_at_start(settings, redis_client, user_module, value,
+                                                   message):
+    value, message = value.format(mod=user_module), message.format(mod=user_module)
+    with pytest.raises(ConfigError, match=message):
+        Processor(settings.with_overrides(extractor=value), redis_client)

@@ -156,3 +156,31 @@ def run_cli(settings: Settings) -> RunCli:
         )
 
     return run
+
+
+# -- Redis configuration a test changes, restored afterwards ---------------------------------
+
+@pytest.fixture
+def memory_limit(redis_client: redis.Redis) -> Iterator[None]:
+    """Restores maxmemory and its policy, whatever the test set."""
+    before = redis_client.config_get("maxmemory")["maxmemory"]
+    policy = redis_client.config_get("maxmemory-policy")["maxmemory-policy"]
+    try:
+        yield
+    finally:
+        redis_client.config_set("maxmemory", before)
+        redis_client.config_set("maxmemory-policy", policy)
+
+
+@pytest.fixture
+def small_stream_nodes(redis_client: redis.Redis) -> Iterator[int]:
+    """Stream nodes of 5 entries, so an approximate MAXLEN trims small test streams (Redis
+    trims whole nodes: at the default 100 a 60-entry stream would never be trimmed)."""
+    key = "stream-node-max-entries"
+    before = redis_client.config_get(key)[key]
+    redis_client.config_set(key, 5)
+    try:
+        yield 5
+    finally:
+        redis_client.config_set(key, before)
+

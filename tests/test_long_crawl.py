@@ -35,7 +35,6 @@ from common.work.heartbeat import alive_workers
 from common.work.pressure import MEMORY
 from devtools.testsite import TestSite
 from tests.helpers import REPO_ROOT, TEST_ENV, WorkerThread, own_channel, queue_depth, wait_for
-from tests.sink.conftest import small_stream_nodes  # noqa: F401 - used by name below
 from tests.sink.parts import finalized, lines, open_parts
 
 PAGES = 250
@@ -49,18 +48,6 @@ CONCURRENCY = 4
 WORKER_IDS = ("long-w1", "long-w2")
 SINK_ENV = {"SINK_BATCH": "10", "SINK_ROTATE_BYTES": "65536"}  # small reads, several parts
 STATS_ENV = {"REDIS_MEMORY_HIGH": str(HIGH), "REDIS_MEMORY_LOW": str(LOW)}
-
-
-@pytest.fixture
-def memory_limit(redis_client: redis.Redis) -> Iterator[None]:
-    """Restores maxmemory and its policy, whatever the test set."""
-    before = redis_client.config_get("maxmemory")["maxmemory"]
-    policy = redis_client.config_get("maxmemory-policy")["maxmemory-policy"]
-    try:
-        yield
-    finally:
-        redis_client.config_set("maxmemory", before)
-        redis_client.config_set("maxmemory-policy", policy)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from common.core import values
 from common.core.errors import ConfigError
@@ -48,24 +47,8 @@ class Knob:
         return ConfigError(f"{self.env}={shown!r} is invalid: {text}")
 
 
-def _service_url(*schemes: str) -> Callable[[str], str]:
-    """A URL with one of ``schemes`` and a host, whose port (if any) parses: else pika or
-    redis-py would fail later, quoting the port text — a password, when the ``@`` is missing."""
-    check = values.url_with_scheme(*schemes)
-
-    def parse(raw: str) -> str:
-        url = check(raw)
-        try:
-            urlsplit(url).port  # noqa: B018 - raises ValueError on a bad port
-        except ValueError:
-            raise ValueError("its port is not a number from 0 to 65535") from None
-        return url
-
-    return parse
-
-
 KNOBS: tuple[Knob, ...] = (
-    Knob("RABBITMQ_URL", "rabbitmq_url_raw", _service_url("amqp", "amqps"), None,
+    Knob("RABBITMQ_URL", "rabbitmq_url_raw", values.url_with_scheme("amqp", "amqps"), None,
          "Full AMQP URL; when set it wins over the RABBITMQ_* parts.", url=True),
     Knob("RABBITMQ_HOST", "rabbitmq_host", values.text, "localhost", "Broker host."),
     Knob("RABBITMQ_PORT", "rabbitmq_port", values.port, "5672", "Broker AMQP port."),
@@ -76,7 +59,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("RABBITMQ_VHOST", "rabbitmq_vhost", values.text, "/", "Broker virtual host."),
     Knob("RABBITMQ_HEARTBEAT_S", "rabbitmq_heartbeat_s", values.non_negative_int, "30",
          "AMQP heartbeat; fetches run off the I/O thread so long fetches never miss it."),
-    Knob("REDIS_URL", "redis_url_raw", _service_url("redis", "rediss", "unix"), None,
+    Knob("REDIS_URL", "redis_url_raw", values.url_with_scheme("redis", "rediss", "unix"), None,
          "Full Redis URL; when set it wins over the REDIS_* parts.", url=True),
     Knob("REDIS_HOST", "redis_host", values.text, "localhost", "Redis host."),
     Knob("REDIS_PORT", "redis_port", values.port, "6379", "Redis port."),
@@ -204,7 +187,7 @@ KNOBS: tuple[Knob, ...] = (
          "Port of the worker's Prometheus /metrics endpoint (0: off; compose sets 9100)."),
     Knob("HEARTBEAT_INTERVAL_S", "heartbeat_interval_s", values.positive_float, "5",
          "How often a worker refreshes its workers:{id} key (TTL: 3 intervals)."),
-    Knob("RABBITMQ_MANAGEMENT_URL", "rabbitmq_management_url", _service_url("http", "https"),
+    Knob("RABBITMQ_MANAGEMENT_URL", "rabbitmq_management_url", values.url_with_scheme("http", "https"),
          None, "Management API for the status view's unacked counts and rates "
          "(default: http://RABBITMQ_HOST:15672 with the AMQP credentials; optional).", url=True),
     Knob("LOG_LEVEL", "log_level", values.log_level, "INFO", "Logging level."),

@@ -128,10 +128,17 @@ def parse_networks(raw: str) -> tuple[IPNetwork, ...]:
 
 
 def url_with_scheme(*schemes: str) -> Callable[[str], str]:
+    """A URL with one of ``schemes`` and a host, whose port (if any) parses: else the client
+    library would fail later, quoting the port text — a password, when the ``@`` is missing."""
+
     def parse(raw: str) -> str:
         parts = urlsplit(raw)
         if parts.scheme not in schemes or not parts.hostname:
             raise ValueError(f"expected a {'/'.join(schemes)} URL with a host, got {raw!r}")
+        try:
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            raise ValueError("its port is not a number from 0 to 65535") from None
         return raw
 
     return parse

@@ -47,9 +47,6 @@ logger = logging.getLogger(__name__)
 _STOP_THREAD = object()
 #: Longest a delivery is held while Redis is unavailable before it goes back to the broker.
 HOLD_MAX_S = 30.0
-#: reconnect_delay_s is at its cap (2.5-5 s) from this attempt on; larger ones would only
-#: overflow its float arithmetic (2 ** 1024) after a long outage.
-_WAIT_CAP_ATTEMPT = 8
 
 
 class FetchThreads:
@@ -158,7 +155,7 @@ class FetchThreads:
                     logger.warning("Redis unavailable for %.0fs (%s); returning the delivery "
                                    "to the broker", held_s, exc)
                     return None
-                wait_s = min(reconnect_delay_s(min(attempt, _WAIT_CAP_ATTEMPT)),
+                wait_s = min(reconnect_delay_s(attempt),
                              HOLD_MAX_S - held_s)
                 logger.warning("Redis unavailable (%s); holding delivery, retry in %.1fs",
                                exc, wait_s)
@@ -187,7 +184,7 @@ class FetchThreads:
             if not isinstance(exc, redis.exceptions.OutOfMemoryError):
                 self._errors = Streak(self._errors.count + 1, time.monotonic(),
                                       f"{type(exc).__name__}: {exc}"[:200])
-        wait_s = reconnect_delay_s(min(refusals, _WAIT_CAP_ATTEMPT))
+        wait_s = reconnect_delay_s(refusals)
         logger.warning("Redis refused the work for a delivery from %s (%s: %s); returning it "
                        "to the broker in %.1fs", delivery.queue, type(exc).__name__, exc, wait_s)
         if not self._stopping.is_set():

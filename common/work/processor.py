@@ -229,10 +229,12 @@ class Processor:
         links: tuple[str, ...] = ()
         call = self.custom.bind(record, response) if self.custom else None
         if response.body and is_html(response.content_type, response.body[:512]):
+            hook = self.extractor.hook(record, response.final_url) if self.extractor else None
+            if call is not None:
+                hook = call.wrap(hook)
             try:
-                hook = self.extractor and self.extractor.hook(record, response.final_url)
                 page = parse_html(response.body, response.final_url, response.content_type,
-                                  on_tree=call.wrap(hook or None) if call else hook or None)
+                                  on_tree=hook)
             except NotHTML as exc:
                 record["error"] = f"not_html: {exc}"
             else:
@@ -280,7 +282,7 @@ class Processor:
         self.client.hincrby(COUNTERS, "retries", 1)
         metrics.RETRIES.inc()
         return park(updated, queue, delay_s * 1000,
-                          f"retry {failures}/{self.settings.max_retries} after {failure.reason}")
+                    f"retry {failures}/{self.settings.max_retries} after {failure.reason}")
 
     def _dead_letter(self, message: WorkMessage, url: str, queue: str, failure: Failure, *,
                      gave_up: bool = False, retime: Retime | None = None) -> Outcome:

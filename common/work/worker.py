@@ -135,7 +135,7 @@ class Worker:
                                    type(exc).__name__, exc)
                     self._drop_connection()
                     losses = 1 if self._consumed_since_connect else losses + 1
-                    time.sleep(reconnect_delay_s(min(losses, 8)))  # 8+: the cap, no overflow
+                    time.sleep(reconnect_delay_s(losses))
                 except ServiceUnavailable as exc:
                     # At start-up an unreachable broker is a configuration problem: exit 3.
                     # Once we have worked, keep trying without a human (broker restarts).

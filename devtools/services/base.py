@@ -55,6 +55,19 @@ def is_loopback_host(host: str | None) -> bool:
         return False
 
 
+
+def loopback_docker_host() -> str | None:
+    """The host testcontainers reaches containers at, when that is loopback (the engine's
+    mapped ports on this machine), else None: tests talk to loopback only."""
+    from testcontainers.core.docker_client import DockerClient
+
+    client = DockerClient()
+    host = client.host()
+    if not is_loopback_host(host) or client.get_connection_mode().name != "docker_host":
+        logger.debug("not using Docker: containers would be reached at %s", host)
+        return None
+    return host
+
 def _find_executable(name: str, dirs: Iterable[str]) -> str | None:
     for directory in dirs:
         candidate = Path(directory) / name

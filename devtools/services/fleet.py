@@ -27,7 +27,7 @@ import redis
 import redis.exceptions
 
 from common.core.redact import redact_url
-from devtools.services.base import find_binaries, is_loopback_host
+from devtools.services.base import find_binaries, is_loopback_host, loopback_docker_host
 from devtools.services.rabbitmq_server import LocalRabbitMQ
 from devtools.services.redis_server import LocalRedis
 
@@ -96,7 +96,6 @@ def _start_containers(stack: ExitStack, want_rabbitmq: bool, want_redis: bool,
     try:
         import docker.errors
         import requests.exceptions
-        from testcontainers.core.docker_client import DockerClient
         from testcontainers.core.exceptions import ContainerStartException
 
         try:
@@ -109,11 +108,8 @@ def _start_containers(stack: ExitStack, want_rabbitmq: bool, want_redis: bool,
         logger.debug("not using Docker: %s", exc)
         return False
 
-    # Only talk to containers over loopback (the mapped ports on this machine).
-    client = DockerClient()
-    host = client.host()
-    if not is_loopback_host(host) or client.get_connection_mode().name != "docker_host":
-        logger.debug("not using Docker: containers would be reached at %s", host)
+    host = loopback_docker_host()
+    if host is None:
         return False
 
     errors = (docker.errors.DockerException, requests.exceptions.RequestException,

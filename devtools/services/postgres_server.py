@@ -48,7 +48,7 @@ from devtools.services.base import (
     Managed,
     ServicesUnavailable,
     free_port,
-    is_loopback_host,
+    loopback_docker_host,
     tail,
     terminate_group,
 )
@@ -259,15 +259,12 @@ def _start_container(stack: ExitStack) -> str | None:
         import docker.errors
         import requests.exceptions
         from testcontainers.community.postgres import PostgresContainer
-        from testcontainers.core.docker_client import DockerClient
         from testcontainers.core.exceptions import ContainerStartException
     except ImportError as exc:
         logger.debug("not using Docker: %s", exc)
         return None
-    client = DockerClient()
-    host = client.host()
-    if not is_loopback_host(host) or client.get_connection_mode().name != "docker_host":
-        logger.debug("not using Docker: the container would be reached at %s", host)
+    host = loopback_docker_host()
+    if host is None:
         return None
     user, password, database = "fleet", secrets.token_urlsafe(18), "fleet"
     container = PostgresContainer(POSTGRES_IMAGE, username=user, password=password,

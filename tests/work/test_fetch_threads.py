@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,17 +17,10 @@ from common.work.processor import Processor
 
 
 @pytest.fixture
-def full_redis(redis_client) -> Iterator[None]:
-    """The test Redis with every write refused (OOM), restored afterwards."""
-    before = redis_client.config_get("maxmemory")["maxmemory"]
-    policy = redis_client.config_get("maxmemory-policy")["maxmemory-policy"]
+def full_redis(redis_client, memory_limit) -> None:
+    """The test Redis with every write refused (OOM); memory_limit restores it."""
     redis_client.config_set("maxmemory-policy", "noeviction")
     redis_client.config_set("maxmemory", 1)
-    try:
-        yield
-    finally:
-        redis_client.config_set("maxmemory", before)
-        redis_client.config_set("maxmemory-policy", policy)
 
 
 def _delivery(tag: int, url: str) -> Delivery:

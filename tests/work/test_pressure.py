@@ -28,7 +28,7 @@ from common.store.backlog import Fill
 from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
 from common.work import metrics
 from common.work.acks import Delivery
-from common.work.fetch_threads import _WAIT_CAP_ATTEMPT, FetchThreads
+from common.work.fetch_threads import FetchThreads
 from common.work.pressure import (
     BACKLOG,
     ERRORS,
@@ -111,7 +111,8 @@ def test_n_is_three_errors_per_fetch_thread_and_at_least_ten():
 def test_a_refusal_returns_the_delivery_within_the_capped_wait_however_long_the_streak(
         settings):
     # The wait comes from the reconnect policy, whose float arithmetic overflowed past ~1,024
-    # refusals in a row (a fetch thread died of it); it is capped, and ends at once on stop.
+    # refusals in a row (a fetch thread died of it); its exponent is clamped, and the wait ends
+    # at once on stop.
     stopping = threading.Event()
     threads = FetchThreads(1, None, lambda d, o: None, stopping, 1.0)  # type: ignore[arg-type]
     threads._refusals = 5000
@@ -121,7 +122,7 @@ def test_a_refusal_returns_the_delivery_within_the_capped_wait_however_long_the_
     assert threads.streak().count == 1 and "MISCONF" in threads.streak().last_error
     threads._refused(delivery, redis.exceptions.OutOfMemoryError("OOM"))
     assert threads.streak().count == 1  # OOM is memory pressure, not an error streak
-    assert reconnect_delay_s(min(threads._refusals, _WAIT_CAP_ATTEMPT)) <= RECONNECT_MAX_S
+    assert reconnect_delay_s(threads._refusals) <= RECONNECT_MAX_S
 
 
 # -- /healthz and /metrics -----------------------------------------------------------------
@@ -187,18 +188,6 @@ def _nothing_dead_lettered(settings, client) -> None:
     with own_channel(settings) as channel:
         dead = drain(channel, topology.FAILED_QUEUE)
     assert dead == [] and client.xlen(FAILURES_STREAM) == 0, dead
-
-
-@pytest.fixture
-def memory_limit(redis_client) -> Iterator[None]:
-    """Restores maxmemory and its policy, whatever the test set."""
-    before = redis_client.config_get("maxmemory")["maxmemory"]
-    policy = redis_client.config_get("maxmemory-policy")["maxmemory-policy"]
-    try:
-        yield
-    finally:
-        redis_client.config_set("maxmemory", before)
-        redis_client.config_set("maxmemory-policy", policy)
 
 
 def test_a_worker_pauses_while_redis_memory_is_over_maxmemory_and_resumes_on_its_own(

@@ -100,6 +100,7 @@ class Settings:
     crawl_max_depth: int = 2
     crawl_allowed_domains: str = ""
     crawl_max_pages: int = 10000
+    crawl_nofollow: bool = True
     metrics_port: int = 0
     heartbeat_interval_s: float = 5.0
     rabbitmq_management_url: str | None = None

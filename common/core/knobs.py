@@ -145,6 +145,9 @@ KNOBS: tuple[Knob, ...] = (
          "page's own host only."),
     Knob("CRAWL_MAX_PAGES_PER_DOMAIN", "crawl_max_pages", values.positive_int, "10000",
          "Pages crawl mode may enqueue per domain (counted in Redis, fleet-wide)."),
+    Knob("CRAWL_NOFOLLOW", "crawl_nofollow", values.boolean, "true",
+         "Crawl mode honours `rel=\"nofollow\"` links and robots `nofollow` (meta tag, "
+         "`X-Robots-Tag`); a follow rule's `nofollow` overrides it."),
     Knob("MAX_RECORD_BYTES", "max_record_bytes", values.positive_int, "65536",
          "Largest result record (JSON bytes); a longer one loses links first, then its `data`, "
          "then its longest fields, and is flagged `record_truncated`."),

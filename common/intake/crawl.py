@@ -4,10 +4,12 @@ Like scrapy-redis's RedisCrawlSpider, but every link goes through the fleet's on
 canonicalise → dedupe → route → confirmed publish path (:class:`common.intake.producer.Producer`),
 so a page reached by many links is fetched once. Rules:
 
-* only links whose host is the page's own host (default) or in CRAWL_ALLOWED_DOMAINS
-  (a domain also covers its subdomains);
+* which of a page's links are candidates is the worker's follow rules' choice
+  (common/work/follow.py: link areas, allow/deny, ``nofollow``);
+* only links whose host is the page's own host (default) or in CRAWL_ALLOWED_DOMAINS (or a
+  follow rule's ``domains``; a domain also covers its subdomains);
 * depth: a seed has depth 0; links of a page at depth d get d + 1 and are followed only while
-  d + 1 <= CRAWL_MAX_DEPTH;
+  d + 1 <= CRAWL_MAX_DEPTH (or the follow rule's ``depth``);
 * a budget of CRAWL_MAX_PAGES_PER_DOMAIN enqueued pages per domain, counted atomically in
   Redis (``crawl:pages:{domain}``) after dedupe, so only new URLs spend it;
 * links the page's own robots.txt disallows are not enqueued at all.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Protocol
 
 import redis
 
@@ -33,6 +36,17 @@ from common.core.urls import domain_of
 from common.intake.producer import Producer, ProduceSummary
 from common.store.keys import crawl_pages_key
 from common.web.robots import RobotsRules
+
+
+class FollowPlanLike(Protocol):
+    """What :meth:`LinkFollower.follow_plan` reads of a page's plan (common/work/follow.py,
+    a floor above: intake may not import it)."""
+
+    links: tuple[str, ...]
+    max_depth: int
+    priority: bool
+    domains: tuple[str, ...] | None
+
 
 # KEYS[1] crawl:pages:{domain}   ARGV[1] wanted   ARGV[2] budget
 # Spends up to ``wanted`` pages of the domain's budget; returns how many were granted.
@@ -73,24 +87,41 @@ class LinkFollower:
         for producer in producers:
             producer.close()
 
-    def in_scope(self, page_url: str, link: str) -> bool:
+    def in_scope(self, page_url: str, link: str,
+                 domains: tuple[str, ...] | None = None) -> bool:
+        """Whether ``link`` is in scope: its host is in ``domains`` (a follow rule's; else
+        CRAWL_ALLOWED_DOMAINS), a domain covering its subdomains, or with neither the page's."""
         host = domain_of(link)
-        if not self.allowed:
+        allowed = self.allowed if domains is None else domains
+        if not allowed:
             return host == domain_of(page_url)
-        return any(host == d or host.endswith("." + d) for d in self.allowed)
+        return any(host == d or host.endswith("." + d) for d in allowed)
+
+    def follow_plan(self, page_url: str, plan: FollowPlanLike, depth: int,
+                    rules: RobotsRules | None, page_token: str) -> ProduceSummary | None:
+        """Enqueue what a page's follow rules kept (:class:`common.work.follow.FollowPlan`)."""
+        if not plan.links:
+            return None
+        return self.follow(page_url, plan.links, depth, rules, page_token,
+                           force_priority=plan.priority, max_depth=plan.max_depth,
+                           domains=plan.domains)
 
     def follow(self, page_url: str, links: Sequence[str], depth: int,
                rules: RobotsRules | None, page_token: str,
-               force_priority: bool = False) -> ProduceSummary | None:
+               force_priority: bool = False, max_depth: int | None = None,
+               domains: tuple[str, ...] | None = None) -> ProduceSummary | None:
         """Enqueue the in-scope links of a page at ``depth``; None when nothing to follow.
 
         ``page_token`` names the page (the same on a redelivery): its new links are claimed
         for it while they are published (see :class:`common.store.dedupe.Claims`).
-        ``force_priority`` routes them to the priority queue (EXTRACTOR's ``priority``).
+        ``force_priority`` routes them to the priority queue (EXTRACTOR's ``priority``, a
+        follow rule's); ``max_depth`` and ``domains`` are a follow rule's (default
+        CRAWL_MAX_DEPTH and CRAWL_ALLOWED_DOMAINS).
         """
-        if depth + 1 > self.settings.crawl_max_depth:
+        limit = self.settings.crawl_max_depth if max_depth is None else max_depth
+        if depth + 1 > limit:
             return None
-        chosen = [link for link in links if self.in_scope(page_url, link)
+        chosen = [link for link in links if self.in_scope(page_url, link, domains)
                   and (rules is None or domain_of(link) != domain_of(page_url)
                        or rules.allows(link))]
         if not chosen:

@@ -78,10 +78,14 @@ class Extractor:
              ) -> Callable[[etree._Element, str], None] | None:
         """parse_html's ``on_tree`` for a page at ``url``: None when no rule matches."""
         rule = self.match(url)
-        if rule is None:
-            return None
+        return None if rule is None else self.on_tree(record, rule)
 
+    @staticmethod
+    def on_tree(record: dict[str, Any], rule: Rule) -> Callable[[etree._Element, str], None]:
+        """parse_html's ``on_tree`` applying ``rule``: fills ``data`` (and ``data_errors``)."""
         def on_tree(root: etree._Element, base_url: str) -> None:
+            if not rule.fields and rule.items is None:
+                return  # a follow-only rule
             data, errors = extract(rule, root, base_url)
             record["data"] = data
             if errors:

@@ -46,11 +46,9 @@ from common.web.ratelimit import RateLimiter, retime_permit
 from common.web.robots import RobotsRules, RobotsStore, origin_of, robots_fetcher
 from common.work import metrics
 from common.work.expired import release_expired
-from common.work.extract import Extractor
 from common.work.outcome import Failure, Outcome, dead_letter, park
-from common.work.parse import NotHTML, is_html, parse_html
-from common.work.record import add_page, bound, failure_record, fetch_record
-from common.work.user_extractor import UserExtractor
+from common.work.page_record import PageReader
+from common.work.record import bound, failure_record
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +72,7 @@ class Processor:
         # the threads hand the GIL back and forth at each C call and syscall (40 context
         # switches a page with 8 threads). Fetches, which wait on the network, stay parallel.
         self._parse_slots = threading.BoundedSemaphore(settings.parse_concurrency)
-        self.extractor = Extractor.from_setting(settings.extract_rules)  # ConfigError if bad
-        self.custom = UserExtractor.from_setting(settings.extractor, settings.extractor_timeout_s)
+        self.pages = PageReader(settings)  # EXTRACT_RULES, EXTRACTOR: ConfigError if bad
 
     # -- entry points -------------------------------------------------------------------------
     def process(self, body: bytes, queue: str) -> Outcome:
@@ -224,29 +221,16 @@ class Processor:
     def _parse_and_record(self, url: str, message: WorkMessage, queue: str,
                           response: FetchResult, done: DoneMark, *, cached: bool,
                           rules: RobotsRules | None, retime: Retime | None) -> Outcome:
-        record = fetch_record(url, response, worker=self.settings.worker_id, queue=queue,
-                              depth=message.depth, attempts=message.attempts + 1, cached=cached)
-        links: tuple[str, ...] = ()
-        call = self.custom.bind(record, response) if self.custom else None
-        if response.body and is_html(response.content_type, response.body[:512]):
-            hook = self.extractor.hook(record, response.final_url) if self.extractor else None
-            if call is not None:
-                hook = call.wrap(hook)
-            try:
-                page = parse_html(response.body, response.final_url, response.content_type,
-                                  on_tree=hook)
-            except NotHTML as exc:
-                record["error"] = f"not_html: {exc}"
-            else:
-                add_page(record, page, self.settings.record_max_links)
-                links = page.links  # all of them: the record keeps RECORD_MAX_LINKS at most
-        if self.follower is not None and links:
-            followed = self.follower.follow(response.final_url, links, message.depth,
-                                            rules, page_token=f"{done.key}:{done.member}")
+        read = self.pages.read(url, response, queue=queue, depth=message.depth,
+                               attempts=message.attempts + 1, cached=cached)
+        record, token = read.record, f"{done.key}:{done.member}"
+        if self.follower is not None and read.follow is not None:
+            followed = self.follower.follow_plan(response.final_url, read.follow,
+                                                 message.depth, rules, page_token=token)
             if followed is not None:
                 record["followed"] = followed.new
-        if call:  # EXTRACTOR's follow URLs (common/work/user_extractor.py)
-            call.enqueue(self.follower, message.depth, rules, f"{done.key}:{done.member}")
+        if read.call:  # EXTRACTOR's follow URLs (common/work/user_extractor.py)
+            read.call.enqueue(self.follower, message.depth, rules, token)
         bound(record, self.settings.max_record_bytes)
         cache_value = None
         if not cached and self.settings.cache_ttl_s > 0:

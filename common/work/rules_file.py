@@ -9,12 +9,20 @@ loads) or inline JSON. Top level: a list of rules, or ``{"rules": [...]}``. A ru
     url: 'ref=\\w+'         # regex searched in the whole URL
     fields: {NAME: FIELD, ...}
     items: {selector: .product, fields: {NAME: FIELD, ...}, name: items}
+    follow: {allow: [REGEX], deny: [REGEX], css: AREA, xpath: AREA, nofollow: true,
+             depth: 3, priority: false, domains: [shop.example]}   # crawl mode; or false
 
 At least one of host/path/url; every one given must match; the first matching rule wins.
 A FIELD is a CSS selector string (its text), or a mapping: ``css`` or ``xpath``; ``get``
 (``text`` (default), ``attr:NAME``, ``html``); ``many``; ``regex`` (group 1 if it has groups,
 or ``group``); ``type`` (str int float decimal date bool url); ``format`` (strptime, for a
-date); ``default``. Selectors are compiled here: CSS through parsel's translator into XPath,
+date); ``default``. ``follow`` (crawl mode, :mod:`common.work.follow`): ``false`` follows
+nothing from the rule's pages; a mapping keeps the links whose URL some ``allow`` regex
+searches (all when none) and no ``deny`` regex does, found inside the ``css``/``xpath`` link
+areas (one selector or a list; the whole page when none); ``nofollow`` (default
+CRAWL_NOFOLLOW) honours ``rel="nofollow"`` and a robots ``nofollow`` meta/header; ``depth``
+replaces CRAWL_MAX_DEPTH, ``priority: true`` sends the links to the priority queue, ``domains``
+replaces CRAWL_ALLOWED_DOMAINS' scope. A rule may have only ``follow``. Selectors are compiled here: CSS through parsel's translator into XPath,
 every XPath by lxml, so a page never pays for compiling and a typo stops the worker at once.
 Any error is a :class:`ConfigError` naming the rule and the field.
 """
@@ -35,9 +43,10 @@ from parsel.csstranslator import HTMLTranslator
 from common.core.errors import ConfigError
 
 TYPES = ("str", "int", "float", "decimal", "date", "bool", "url")
-RULE_KEYS = {"name", "host", "path", "url", "fields", "items"}
+RULE_KEYS = {"name", "host", "path", "url", "fields", "items", "follow"}
 FIELD_KEYS = {"css", "xpath", "get", "many", "regex", "group", "type", "format", "default"}
 ITEMS_KEYS = {"selector", "css", "xpath", "fields", "name"}
+FOLLOW_KEYS = {"allow", "deny", "css", "xpath", "nofollow", "depth", "priority", "domains"}
 
 _translator = HTMLTranslator()
 
@@ -68,6 +77,20 @@ class Items:
 
 
 @dataclass(frozen=True, slots=True)
+class Follow:
+    """Which links crawl mode follows from the pages of a rule (``follow:``)."""
+
+    enabled: bool = True  # false: follow nothing from these pages
+    allow: tuple[re.Pattern[str], ...] = ()  # some must search the link's URL (none: all)
+    deny: tuple[re.Pattern[str], ...] = ()  # none may
+    areas: tuple[str, ...] = ()  # XPaths of elements whose <a href> count (none: the page)
+    nofollow: bool | None = None  # None: CRAWL_NOFOLLOW decides
+    depth: int | None = None  # None: CRAWL_MAX_DEPTH
+    priority: bool = False
+    domains: tuple[str, ...] | None = None  # None: CRAWL_ALLOWED_DOMAINS / same site
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     name: str
     host: str | None
@@ -75,6 +98,7 @@ class Rule:
     url: re.Pattern[str] | None
     fields: tuple[Field, ...] = ()
     items: Items | None = None
+    follow: Follow | None = None
 
     def matches(self, url: str, host: str, path: str) -> bool:
         if self.host is not None and host != self.host and not host.endswith("." + self.host):
@@ -129,10 +153,55 @@ def _rule(spec: Any, n: int) -> Rule:
         if not isinstance(host, str) or not host.strip(".").strip():
             raise ConfigError(f"EXTRACT_RULES {where} host: expected a host name")
         host = host.strip().strip(".").lower()
-    fields = _fields(spec.get("fields"), where, required=spec.get("items") is None)
+    fields = _fields(spec.get("fields"), where,
+                     required=spec.get("items") is None and "follow" not in spec)
     items = _items(spec["items"], where) if spec.get("items") is not None else None
+    follow = _follow(spec["follow"], where) if "follow" in spec else None
     return Rule(name=name, host=host, path=_regex(spec.get("path"), where, "path"),
-                url=_regex(spec.get("url"), where, "url"), fields=fields, items=items)
+                url=_regex(spec.get("url"), where, "url"), fields=fields, items=items,
+                follow=follow)
+
+
+def _follow(spec: Any, where: str) -> Follow:
+    where = f"{where} follow"
+    if isinstance(spec, bool):
+        return Follow(enabled=spec)
+    if not isinstance(spec, dict):
+        raise ConfigError(f"EXTRACT_RULES {where}: expected false, true or a mapping, got "
+                          f"{_kind(spec)}")
+    _no_unknown(spec, FOLLOW_KEYS, where)
+    areas = [_css(css, where, "css") for css in _listed(spec.get("css"), where, "css")]
+    areas += [_xpath(xp, where, "xpath") for xp in _listed(spec.get("xpath"), where, "xpath")]
+    depth = spec.get("depth")
+    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool)
+                              or depth < 0):
+        raise ConfigError(f"EXTRACT_RULES {where} depth: expected a whole number >= 0")
+    for key in ("nofollow", "priority"):
+        if key in spec and not isinstance(spec[key], bool):
+            raise ConfigError(f"EXTRACT_RULES {where} {key}: expected true or false")
+    domains = None
+    if "domains" in spec:
+        domains = tuple(d.strip().strip(".").lower()
+                        for d in _listed(spec["domains"], where, "domains"))
+        if not domains or not all(domains):
+            raise ConfigError(f"EXTRACT_RULES {where} domains: expected host names")
+    return Follow(
+        allow=tuple(_regex(p, where, "allow") for p in _listed(spec.get("allow"), where, "allow")),
+        deny=tuple(_regex(p, where, "deny") for p in _listed(spec.get("deny"), where, "deny")),
+        areas=tuple(f"({xp})/descendant-or-self::a/@href" for xp in areas),
+        nofollow=spec.get("nofollow"), depth=depth, priority=spec.get("priority", False),
+        domains=domains)
+
+
+def _listed(value: Any, where: str, key: str) -> list[str]:
+    """A string or a list of strings as a list (None: empty)."""
+    if value is None:
+        return []
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
+        raise ConfigError(f"EXTRACT_RULES {where} {key}: expected a string or a list of "
+                          f"strings")
+    return values
 
 
 def _items(spec: Any, where: str) -> Items:

@@ -103,7 +103,7 @@ class UserExtractor:
 
 
 class Call:
-    """One page's call: :meth:`wrap` gives parse its ``on_tree``, :meth:`enqueue` follows."""
+    """One page's call: :meth:`on_tree` runs the function on the tree, :meth:`enqueue` follows."""
 
     def __init__(self, owner: UserExtractor, record: dict[str, Any],
                  response: FetchResult) -> None:
@@ -113,13 +113,9 @@ class Call:
         self.follow: list[str] = []
         self.priority = False
 
-    def wrap(self, rules_hook: Callable[[etree._Element, str], None] | None
-             ) -> Callable[[etree._Element, str], None]:
-        def on_tree(root: etree._Element, base_url: str) -> None:
-            if rules_hook is not None:
-                rules_hook(root, base_url)
-            self._run(root, base_url)
-        return on_tree
+    def on_tree(self, root: etree._Element, base_url: str) -> None:
+        """parse_html's ``on_tree`` (after the rules' hook, so ``rules_data`` is filled)."""
+        self._run(root, base_url)
 
     def _run(self, root: etree._Element, base_url: str) -> None:
         rules_data = self.record.get("data")

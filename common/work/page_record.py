@@ -1,0 +1,96 @@
+"""One response into one result record: parse once, extraction rules, EXTRACTOR, links to follow.
+
+The worker's processor calls :meth:`PageReader.read` for every page it fetched or found in the
+cache; the re-parse tool calls it for pages read back from WARC files, so a page read again
+with the same rules gives the same ``data``. What it does, in order:
+
+1. the base record (:func:`common.work.record.fetch_record`);
+2. for an HTML body, one parse (:func:`common.work.parse.parse_html`) whose tree is handed to
+   the first matching extraction rule (EXTRACT_RULES), then to the user's EXTRACTOR, then —
+   in crawl mode — to the follow rules' link reader (:mod:`common.work.follow`);
+3. the page's fields into the record (:func:`common.work.record.add_page`).
+
+It does not enqueue, archive or store anything: the caller decides what is durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lxml import etree
+
+from common.core.config import Settings
+from common.web.fetch import FetchResult
+from common.work.extract import Extractor
+from common.work.follow import FollowPlan, LinkMarks
+from common.work.parse import NotHTML, is_html, parse_html
+from common.work.record import add_page, fetch_record
+from common.work.user_extractor import Call, UserExtractor
+
+TreeHook = Callable[[etree._Element, str], None]
+
+
+@dataclass(slots=True)
+class PageRead:
+    """What one page gave: its record, the links crawl mode should follow, EXTRACTOR's call."""
+
+    record: dict[str, Any]
+    follow: FollowPlan | None = None  # None: crawl mode is off, or the page is not HTML
+    call: Call | None = None  # EXTRACTOR's call on this page (its follow URLs)
+
+
+class PageReader:
+    """The validated rules and EXTRACTOR of one process; :meth:`read` is per page."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.extractor = Extractor.from_setting(settings.extract_rules)  # ConfigError if bad
+        self.custom = UserExtractor.from_setting(settings.extractor, settings.extractor_timeout_s)
+        self.crawl = settings.crawl_enabled
+
+    def read(self, url: str, response: FetchResult, *, queue: str | None, depth: int,
+             attempts: int, cached: bool) -> PageRead:
+        record = fetch_record(url, response, worker=self.settings.worker_id, queue=queue,
+                              depth=depth, attempts=attempts, cached=cached)
+        call = self.custom.bind(record, response) if self.custom else None
+        read = PageRead(record, call=call)
+        if not (response.body and is_html(response.content_type, response.body[:512])):
+            return read
+        rule = self.extractor.match(response.final_url) if self.extractor else None
+        hooks: list[TreeHook] = []
+        if rule is not None:
+            hooks.append(self.extractor.on_tree(record, rule))
+        if call is not None:
+            hooks.append(call.on_tree)
+        marks = None
+        if self.crawl:
+            marks = LinkMarks(rule.follow if rule is not None else None,
+                              honour_nofollow=self.settings.crawl_nofollow,
+                              robots_header=response.headers.get("x-robots-tag"))
+            hooks.append(marks.on_tree)
+        try:
+            page = parse_html(response.body, response.final_url, response.content_type,
+                              on_tree=_chain(hooks))
+        except NotHTML as exc:
+            record["error"] = f"not_html: {exc}"
+            return read
+        add_page(record, page, self.settings.record_max_links)
+        if marks is not None:
+            read.follow = marks.plan(page.links, self.settings.crawl_max_depth)
+        return read
+
+
+def _chain(hooks: list[TreeHook]) -> TreeHook | None:
+    """One ``on_tree`` calling each hook in order (None when there is none)."""
+    if not hooks:
+        return None
+    if len(hooks) == 1:
+        return hooks[0]
+
+    def on_tree(root: etree._Element, base_url: str) -> None:
+        for hook in hooks:
+            hook(root, base_url)
+
+    return on_tree

@@ -58,3 +58,58 @@ def test_a_bad_rules_file_stops_the_worker_at_start(settings, redis_client, tmp_
     rules.write_text("- name: r\n  host: a.b\n  fields: {n: {css: p, type: money}}\n")
     with pytest.raises(ConfigError, match="rule 'r' field 'n': unknown type 'money'"):
         Processor(settings.with_overrides(extract_rules=f"@{rules}"), redis_client)
+
+
+FOLLOW_RULES = r"""
+- name: listing
+  path: '^/shop/?$'
+  fields: {heading: h1}
+  follow: {css: [.products, .pagination], deny: '/cart', priority: true}
+- name: detail
+  path: '^/shop/item/\d+$'
+  fields: {title: h1}
+  follow: false
+"""
+
+
+def _serve_paged_shop(site) -> None:
+    def listing(request):
+        second = request.path.endswith("?page=2")
+        products = ['<a href="item/5">five</a>'] if second else [
+            '<a href="item/1">one</a>', '<a href="/shop/item/2">two</a>',
+            '<a href="item/3">three</a>', '<a href="item/4" rel="nofollow">four</a>']
+        more = "" if second else '<div class="pagination"><a href="?page=2">next</a></div>'
+        html = (f"<html><body><nav><a href='/cart'>cart</a><a href='/about'>about</a></nav>"
+                f"<h1>Page {2 if second else 1}</h1><div class='products'>"
+                f"{''.join(products)}<a href='/cart?add=1'>buy</a></div>{more}</body></html>")
+        return 200, HTML, html.encode()
+
+    site.route("/shop/", listing)
+    for n in range(1, 6):
+        site.route(f"/shop/item/{n}", lambda _r, n=n: (200, HTML, (
+            f"<html><body><h1>Item {n}</h1><a href='/shop/related/{n}'>related</a>"
+            f"<a href='/shop/'>back</a></body></html>").encode()))
+
+
+def test_crawl_mode_follows_only_what_the_follow_rules_allow(settings, redis_client, site,
+                                                               tmp_path):
+    rules = tmp_path / "rules.yml"
+    rules.write_text(FOLLOW_RULES)
+    _serve_paged_shop(site)
+    fleet = settings.with_overrides(idle_exit_s=1.5, concurrency=4, crawl_enabled=True,
+                                    crawl_max_depth=3, extract_rules=f"@{rules}")
+    with Producer(fleet, redis_client) as producer:
+        producer.submit([site.url("/shop/")])
+    with WorkerThread(fleet) as worker:
+        assert worker.join(60) == 0
+    records = {r["url"]: r for r in results(redis_client)}
+    expected = {site.url("/shop/"), site.url("/shop/?page=2")} | {
+        site.url(f"/shop/item/{n}") for n in (1, 2, 3, 5)}
+    assert set(records) == expected  # no nofollow item 4, cart, about, related, back links
+    assert records[site.url("/shop/?page=2")]["data"] == {"heading": "Page 2"}
+    assert records[site.url("/shop/item/5")]["data"] == {"title": "Item 5"}
+    assert records[site.url("/shop/")]["followed"] == 4  # items 1-3 and page 2
+    for n in (1, 2, 3, 5):  # the listing rule's priority: true
+        assert records[site.url(f"/shop/item/{n}")]["queue"] == "priority_queue"
+    assert "followed" not in records[site.url("/shop/item/1")]  # follow: false
+    assert not site.requests_for("/cart") and not site.requests_for("/shop/related/")

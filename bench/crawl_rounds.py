@@ -91,16 +91,17 @@ def logged_crawl(ctx: Ctx, offset: int, user_agent: str,
     return lines, pages, first_request_s(pages)
 
 
-def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str,
-                capture: Path | None = None) -> dict[str, Any]:
+def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str, capture: Path | None = None,
+                extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Seed ``urls``, then let N workers with every feature on drain them; with ``capture``,
-    copy the round's records there afterwards for the sinks phase (bench/sink_rate.py)."""
+    copy the round's records there afterwards for the sinks phase (bench/sink_rate.py);
+    ``extra_env`` adds settings (the extract phase's EXTRACT_RULES, ARCHIVE)."""
     sizes = ctx.sizes
     reset(ctx.services)
     empty_memory = used_memory(ctx)
     probe_dir = ctx.work / f"probe-fleet-{tag}"
     probe_dir.mkdir()
-    env = fleet_env(ctx.services, sizes.concurrency)
+    env = fleet_env(ctx.services, sizes.concurrency, **(extra_env or {}))
     seeded, seed_s = run_producer(env, write_lines(ctx.work / f"farm-urls-{tag}.txt", urls))
     if seeded["new"] != len(urls):
         raise RuntimeError(f"fleet phase: producer accepted {seeded['new']} of {len(urls)}")
@@ -197,8 +198,10 @@ def peer_unavailable(ctx: Ctx) -> str | None:
     return None
 
 
-def phase_peer(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
-    """The same URLs, N scrapy-redis spider processes."""
+def phase_peer(ctx: Ctx, urls: Sequence[str], tag: str, extract: bool = False
+               ) -> dict[str, Any]:
+    """The same URLs, N scrapy-redis spider processes (``extract``: with the extract phase's
+    fields, bench/peer_spider.py's ``--extract``)."""
     sizes = ctx.sizes
     python = Path(ctx.args.bench_python)
     reset(ctx.services)
@@ -214,7 +217,8 @@ def phase_peer(ctx: Ctx, urls: Sequence[str], tag: str) -> dict[str, Any]:
     timeout_s = 120 + len(urls) / 10
     spiders = [Watched.start([str(python), "bench/peer_spider.py", "--redis-url", peer_url,
                               "--key", PEER_KEY, "--concurrency", str(sizes.peer_concurrency),
-                              "--idle-close-s", "3", "--scheduler", ctx.args.peer_scheduler],
+                              "--idle-close-s", "3", "--scheduler", ctx.args.peer_scheduler,
+                              *(["--extract"] if extract else [])],
                              name=f"spider-{i + 1}", env=env, cwd=REPO_ROOT,
                              log_path=ctx.work / f"peer-{tag}-spider-{i + 1}.log")
                for i in range(sizes.spiders)]

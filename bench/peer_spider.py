@@ -6,7 +6,9 @@
 Reads start URLs (plain strings) from a Redis list, fetches each once (no link following),
 and pushes one JSON item per page into ``peer:items`` with scrapy-redis's RedisPipeline:
 url, status, title, description, canonical, language, links (absolute, de-duplicated, no
-fragment), links_count, text_length. By default requests go through scrapy-redis's shared
+fragment), links_count, text_length; with ``--extract`` also ``data``, the fields the
+bench's extraction rules give the fleet (bench/extract_rounds.py), read with Scrapy's
+selectors. By default requests go through scrapy-redis's shared
 scheduler and dupefilter, the distributed set-up its documentation describes (SCHEDULER_PERSIST
 so one process closing does not flush the other's queue); ``--scheduler memory`` keeps Scrapy's
 in-process scheduler instead. robots.txt is obeyed and retries are on,
@@ -19,6 +21,7 @@ starts two of these processes on the same list.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -39,6 +42,7 @@ TEXT_XPATH = ("//body//text()[not(ancestor::script) and not(ancestor::style) "
 
 class PeerSpider(RedisSpider):
     name = NAME
+    extract = False  # --extract: also the bench's extraction rules' fields, with Scrapy's own
 
     def make_request_from_data(self, data: bytes) -> Request:
         # A plain GET per URL; the stock method wraps non-JSON data in a FormRequest and logs
@@ -64,7 +68,38 @@ class PeerSpider(RedisSpider):
             "links": links,
             "links_count": len(links),
             "text_length": len(text),
+            **({"data": farm_data(response)} if self.extract else {}),
         }
+
+
+def _int(text: str | None, pattern: str) -> int | None:
+    found = re.search(pattern, text or "")
+    return int(found.group(1)) if found else None
+
+
+def farm_data(response: Response) -> dict[str, Any]:
+    """The fields bench/extract_rounds.py's rules extract, the way a Scrapy user writes them:
+    five fields and one list of items, numbers converted, URLs made absolute."""
+    description = response.css("meta[name=description]::attr(content)").get()
+    canonical = response.css("link[rel=canonical]::attr(href)").get()
+    return {
+        "heading": _text(response.css("h1 ::text").getall()),
+        "lang": response.xpath("/html/@lang").get(),
+        "page": _int(description, r"Page (\d+) of"),
+        "site": _int(description, r"farm site (\d+)"),
+        "canonical": _url(response, canonical),
+        "sections": [{"label": _text(li.css("a ::text").getall()),
+                      "href": _url(response, li.css("a::attr(href)").get())}
+                     for li in response.css("nav.n li")],
+    }
+
+
+def _text(parts: list[str]) -> str | None:
+    return " ".join("".join(parts).split()) or None
+
+
+def _url(response: Response, href: str | None) -> str | None:
+    return response.urljoin(href.strip()).partition("#")[0] if href else None
 
 
 def settings_for(redis_url: str, key: str, concurrency: int, idle_close_s: int,
@@ -106,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-close-s", type=int, default=3)
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("--scheduler", choices=("redis", "memory"), default="redis")
+    parser.add_argument("--extract", action="store_true",
+                        help="also extract the bench rules' fields (bench/extract_rounds.py)")
     args = parser.parse_args(argv)
+    PeerSpider.extract = args.extract
     # scrapy-redis 0.9.1 predates Scrapy 2.13's API changes: it works, with a warning per call
     # site that would only bury the bench's output.
     warnings.filterwarnings("ignore", category=ScrapyDeprecationWarning)

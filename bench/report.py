@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.capacity import pages_per_gib
+from bench.extract_rounds import ratios
 from bench.farm import Farm
 from bench.figures import Row, judge, render_table
 from bench.shared import FLEET_ENV_OVERRIDES, OUT_DIR, REPO_ROOT, Sizes
@@ -33,6 +34,7 @@ TARGET_PRIORITY_P95_S = 2.0
 TARGET_POLITE_RATIO = 1.05
 TARGET_FILES_SINK_RATIO = 3.0     # files sink rows/s per fleet page/s
 TARGET_POSTGRES_SINK_RATIO = 1.0  # PostgreSQL sink rows/s per fleet page/s
+TARGET_EXTRACT_RATIO = 2.5  # fleet with rules vs scrapy-redis extracting the same fields
 
 #: Row labels, in table order; tests/test_bench.py checks every one is printed.
 FIGURES: tuple[str, ...] = (
@@ -57,6 +59,14 @@ FIGURES: tuple[str, ...] = (
     "PostgreSQL sink rows/s",
     "files sink / fleet pages/s",
     "PostgreSQL sink / fleet pages/s",
+    "rules pages/s",
+    "rules / plain pages/s",
+    "rules CPU per page",
+    "WARC pages/s",
+    "WARC / plain pages/s",
+    "WARC CPU per page",
+    "rules fleet / scrapy-redis extracting",
+    "extracted data equal to the peer's",
     "priority wait p50",
     "priority wait p95",
     "politeness duration / bound",
@@ -70,7 +80,8 @@ def figure_phase(figure: str) -> str:
     prefixes = (("scrapy-redis", "peer"), ("fleet /", "peer"),
                 ("system CPU per page, scrapy", "peer"), ("producer", "producer"),
                 ("seen-set", "seen"), ("priority", "priority"), ("politeness", "politeness"),
-                ("files sink", "sinks"), ("PostgreSQL sink", "sinks"), ("machine", "machine"))
+                ("files sink", "sinks"), ("PostgreSQL sink", "sinks"), ("machine", "machine"),
+                ("rules", "extract"), ("WARC", "extract"), ("extracted", "extract"))
     for prefix, phase in prefixes:
         if figure.startswith(prefix):
             return phase
@@ -131,6 +142,7 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
         "pass" if exact else "FAIL", 0)
     add_capacity(add, fleet, seen)
     add_sinks(add, fleet, phases)
+    add_extract(add, phases.get("extract"))
     add("priority wait p50", prio.get("p50_s"), f"s, behind {prio.get('backlog', 0):,} URLs",
         "", "info", 3)
     p95 = prio.get("p95_s")
@@ -190,6 +202,35 @@ def add_sinks(add: Callable[..., None], fleet: dict[str, Any],
                        judge(ratio, at_least=target)))
     for figure, ratio, unit, target, verdict in ratios:  # in FIGURES order: rates, then ratios
         add(figure, ratio, unit, target, verdict, 1)
+
+
+def add_extract(add: Callable[..., None], extract: dict[str, Any] | None) -> None:
+    """Extraction rules and the WARC archive against the plain fleet, and the fleet with rules
+    against scrapy-redis extracting the same fields (bench/extract_rounds.py)."""
+    extract = extract or {}
+    ratio = ratios(extract)
+    per_round = f"{extract.get('urls_per_round', 0):,} URLs a round"
+    for variant, label in (("rules", "rules"), ("warc", "WARC")):
+        figures = extract.get(variant) or {}
+        why = f"skipped: {figures['skipped']}"[:72] if "skipped" in figures else ""
+        verdict = "skipped" if why else "info"
+        add(f"{label} pages/s", figures.get("pages_per_s"), why or f"pages/s, {per_round}", "",
+            verdict, 0)
+        add(f"{label} / plain pages/s", ratio[f"{variant}_rate_ratio"],
+            why or "x the plain fleet's pages/s, same rounds", "", verdict)
+        cpu = figures.get("cpu_ms_per_page")
+        cpu_ratio = ratio[f"{variant}_cpu_ratio"]
+        add(f"{label} CPU per page", cpu, why or f"ms, {cpu_ratio or 0:.2f} x plain", "", verdict)
+    peer = extract.get("peer") or {}
+    skipped = "skipped" in peer or not peer
+    add("rules fleet / scrapy-redis extracting", ratio["rules_vs_peer"],
+        f"x, scrapy-redis {peer.get('pages_per_s') or 0:,.0f} pages/s with the same fields",
+        f">= {TARGET_EXTRACT_RATIO:g}",
+        "skipped" if skipped else judge(ratio["rules_vs_peer"], at_least=TARGET_EXTRACT_RATIO))
+    compared, equal = extract.get("data_compared"), extract.get("data_equal")
+    add("extracted data equal to the peer's", equal, f"of {compared or 0} sampled URLs",
+        "all", "skipped" if skipped else ("pass" if compared and equal == compared else "FAIL"),
+        0)
 
 
 def _json_default(value: Any) -> Any:

@@ -22,10 +22,14 @@ freshly flushed Redis and freshly declared queues; each phase lives in its own m
               drained end to end by ``sink.py files`` and ``sink.py postgres`` (a PostgreSQL
               the phase starts), each a fresh sink retired afterwards; rows/s, and rows/s per
               fleet page/s. Needs the fleet phase.
-4. producer   bench/producer_rate.py: ``producer.py -f`` with fresh URLs, new URLs per second.
-5. seen       bench/seen_memory.py: Redis bytes per seen URL, and exactness.
-6. priority   bench/priority_wait.py: publish-to-fetch time of priority URLs behind a backlog.
-7. politeness bench/politeness.py: per-domain limits, duration against the limit's bound.
+4. extract    bench/extract_rounds.py: on a quarter of the farm, alternating rounds of the
+              plain fleet, the fleet with extraction rules (five fields, one list), the fleet
+              with ARCHIVE=warc, and scrapy-redis extracting the same fields; each against
+              plain, rules against the peer, and the two crawlers' data compared.
+5. producer   bench/producer_rate.py: ``producer.py -f`` with fresh URLs, new URLs per second.
+6. seen       bench/seen_memory.py: Redis bytes per seen URL, and exactness.
+7. priority   bench/priority_wait.py: publish-to-fetch time of priority URLs behind a backlog.
+8. politeness bench/politeness.py: per-domain limits, duration against the limit's bound.
 
 Before and after the phases, bench/machine_speed.py times a reference parse; bench/report.py
 turns the results into the table (stdout) and ``bench/out/bench-<time>.json`` (and --json);
@@ -49,6 +53,7 @@ if _ROOT not in sys.path:  # `python bench/run.py` as well as `python -m bench.r
     sys.path.insert(0, _ROOT)
 
 from bench.crawl_rounds import phase_crawl  # noqa: E402
+from bench.extract_rounds import phase_extract  # noqa: E402
 from bench.farm import Farm, NginxFarm  # noqa: E402
 from bench.machine_speed import reference_parse_us  # noqa: E402
 from bench.politeness import phase_politeness  # noqa: E402
@@ -75,7 +80,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="attach py-spy to workers and spiders; summary in the JSON")
     parser.add_argument("--bench-python", type=Path, default=DEFAULT_BENCH_PYTHON,
                         help="python of the bench venv (scrapy, scrapy-redis)")
-    parser.add_argument("--phases", default="fleet,peer,sinks,producer,seen,priority,politeness",
+    parser.add_argument("--phases", default="fleet,peer,sinks,extract,producer,seen,priority,"
+                        "politeness",
                         help="comma-separated subset to run (fleet and peer first, the rest in "
                              "the order given; sinks needs fleet)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, farm)")
@@ -122,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ctx = Ctx(args, sizes, work, farm, server, services)
             steps: dict[str, Callable[[Ctx], dict[str, Any]]] = {
                 "sinks": phase_sinks, "producer": phase_producer, "seen": phase_seen,
-                "priority": phase_priority, "politeness": phase_politeness}
+                "priority": phase_priority, "politeness": phase_politeness,
+                "extract": phase_extract}
             unknown = set(wanted) - set(steps) - {"fleet", "peer"}
             if unknown:
                 raise SystemExit(f"unknown phase(s) {sorted(unknown)}; known: fleet, peer, "

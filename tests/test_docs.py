@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 from common.broker import topology
+from common.work.rules_file import load_rules
 from devtools import readme
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -54,3 +55,13 @@ def test_readme_test_command_is_what_ci_runs():
     assert "bash scripts/test.sh" in text
     ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
     assert "bash scripts/test.sh" in ci
+
+
+def test_every_rules_example_in_the_readme_loads_as_a_valid_rules_file(tmp_path):
+    blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(), re.S)
+    rules_blocks = [block for block in blocks if block.lstrip().startswith("rules:")]
+    assert len(rules_blocks) >= 2
+    for n, block in enumerate(rules_blocks):
+        path = tmp_path / f"rules{n}.yml"
+        path.write_text(block)
+        assert load_rules(f"@{path}")

@@ -12,7 +12,8 @@ Checker, offline for a saved file (or fetching one URL with the fleet's Fetcher)
 
     python -m common.work.extract RULES (URL | FILE.html) [--url URL]
 
-prints the matching rule's fields as JSON. RULES is a file, ``@FILE`` or inline JSON.
+prints the matching rule's fields as JSON (and, for a rule with ``follow``, the links crawl
+mode would hand on). RULES is a file, ``@FILE`` or inline JSON.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from lxml import etree
 from parsel import Selector
 
 from common.core.errors import ConfigError, FleetError
+from common.work.follow import LinkMarks
 from common.work.parse import parse_html
 from common.work.rules_file import Field, Rule, load_rules
 
@@ -248,10 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     if rule is None or hook is None:
         print(f"error: no rule matches {url}", file=sys.stderr)
         return 1
-    parse_html(body, url, content_type, on_tree=hook)
-    print(json.dumps({"url": url, "rule": rule.name, "data": record.get("data"),
-                      "data_errors": record.get("data_errors", {})},
-                     indent=2, ensure_ascii=False))
+    marks = LinkMarks(rule.follow, honour_nofollow=True) if rule.follow else None
+
+    def on_tree(root: etree._Element, base_url: str) -> None:
+        hook(root, base_url)
+        if marks is not None:
+            marks.on_tree(root, base_url)
+
+    page = parse_html(body, url, content_type, on_tree=on_tree)
+    out = {"url": url, "rule": rule.name, "data": record.get("data"),
+           "data_errors": record.get("data_errors", {})}
+    if marks is not None:  # what crawl mode would hand on (before scope, robots.txt, dedupe)
+        out["follow"] = list(marks.plan(page.links, 0).links)
+    print(json.dumps(out, indent=2, ensure_ascii=False))
     return 0
 
 

@@ -4,12 +4,17 @@ tests/test_extraction_fleet.py."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from common.core.errors import ConfigError
 from common.work.follow import LinkMarks, robots_nofollow
 from common.work.parse import parse_html
 from common.work.rules_file import load_rules
+from tests.helpers import REPO_ROOT
 
 BASE = "http://shop.example/list/"
 
@@ -111,3 +116,17 @@ def test_bad_follow_rules_stop_with_a_clear_error(follow, message):
     with pytest.raises(ConfigError) as caught:
         load_rules(f'[{{"host": "a.test", "follow": {follow}}}]')
     assert message in str(caught.value)
+
+
+def test_the_rules_checker_prints_the_links_a_follow_rule_keeps(tmp_path):
+    rules = tmp_path / "rules.yml"
+    rules.write_text("- host: shop.example\n  fields: {menu: nav}\n"
+                     "  follow: {css: .products, deny: 'ref='}\n")
+    saved = tmp_path / "list.html"
+    saved.write_text(PAGE.format(meta=""))
+    out = subprocess.run([sys.executable, "-m", "common.work.extract", str(rules), str(saved),
+                          "--url", BASE], cwd=REPO_ROOT, capture_output=True, text=True,
+                         check=True, timeout=60)
+    printed = json.loads(out.stdout)
+    assert printed["data"] == {"menu": "AboutCart"}
+    assert printed["follow"] == ["http://shop.example/p/1"]

@@ -48,7 +48,7 @@ from bench.shared import (
     summarise_profile,
     write_lines,
 )
-from bench.sink_rate import CAPTURE_FILE, capture_streams
+from bench.sink_rate import capture_streams
 from common.broker import topology
 
 PROBE_DIR = REPO_ROOT / "bench" / "probe"
@@ -198,10 +198,12 @@ def peer_unavailable(ctx: Ctx) -> str | None:
     return None
 
 
-def phase_peer(ctx: Ctx, urls: Sequence[str], tag: str, extract: bool = False
-               ) -> dict[str, Any]:
+def phase_peer(ctx: Ctx, urls: Sequence[str], tag: str, extract: bool = False,
+               scheduler: str | None = None) -> dict[str, Any]:
     """The same URLs, N scrapy-redis spider processes (``extract``: with the extract phase's
-    fields, bench/peer_spider.py's ``--extract``)."""
+    fields, bench/peer_spider.py's ``--extract``; ``scheduler``: redis or memory, default
+    ``--peer-scheduler``)."""
+    scheduler = scheduler or ctx.args.peer_scheduler
     sizes = ctx.sizes
     python = Path(ctx.args.bench_python)
     reset(ctx.services)
@@ -215,12 +217,12 @@ def phase_peer(ctx: Ctx, urls: Sequence[str], tag: str, extract: bool = False
     offset = ctx.server.log_offset()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     timeout_s = 120 + len(urls) / 10
-    spiders = [Watched.start([str(python), "bench/peer_spider.py", "--redis-url", peer_url,
+    spiders = [Watched.start([str(python), "-m", "bench.peer_spider", "--redis-url", peer_url,
                               "--key", PEER_KEY, "--concurrency", str(sizes.peer_concurrency),
-                              "--idle-close-s", "3", "--scheduler", ctx.args.peer_scheduler,
+                              "--idle-close-s", "3", "--scheduler", scheduler,
                               *(["--extract"] if extract else [])],
                              name=f"spider-{i + 1}", env=env, cwd=REPO_ROOT,
-                             log_path=ctx.work / f"peer-{tag}-spider-{i + 1}.log")
+                             log_path=ctx.work / f"peer-{scheduler}-{tag}-spider-{i + 1}.log")
                for i in range(sizes.spiders)]
     with profilers(ctx, spiders, f"peer-{tag}") as profiles:
         codes = wait_all(spiders, timeout_s)
@@ -236,7 +238,7 @@ def phase_peer(ctx: Ctx, urls: Sequence[str], tag: str, extract: bool = False
     n = len(pages)
     return {
         **page_figures(tag, urls, pages),
-        "scheduler": ctx.args.peer_scheduler,
+        "scheduler": scheduler,
         "items": items,
         "left_in_list": left,
         "exit_codes": codes,
@@ -291,33 +293,6 @@ def merge_rounds(rounds: Sequence[dict[str, Any]], cpu_key: str) -> dict[str, An
     profiles = [Path(p) for r in rounds for p in r.get("profile_files", [])]
     merged["profile"] = summarise_profile(profiles) if profiles else None
     return merged
-
-
-def phase_crawl(ctx: Ctx, wanted: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """The fleet and the peer on the same URLs, alternating in rounds (each round a slice of
-    the list), so load from elsewhere on a shared machine falls on both alike."""
-    urls = ctx.farm.urls()
-    rounds = max(1, ctx.args.rounds if ctx.args.rounds else (1 if ctx.args.small else 2))
-    fleet_rounds: list[dict[str, Any]] = []
-    peer_rounds: list[dict[str, Any]] = []
-    skipped = peer_unavailable(ctx) if "peer" in wanted else "not requested"
-    for r in range(rounds):
-        chunk = urls[r::rounds]
-        if "fleet" in wanted:
-            # The sinks phase drains the last fleet round's records (the peer flushes Redis).
-            capture = ctx.work / CAPTURE_FILE if "sinks" in wanted and r == rounds - 1 else None
-            fleet_rounds.append(phase_fleet(ctx, chunk, f"r{r + 1}", capture))
-            log(f"fleet round {r + 1}/{rounds}: {fleet_rounds[-1]['pages_per_s']:.0f} pages/s")
-        if skipped is None:
-            peer_rounds.append(phase_peer(ctx, chunk, f"r{r + 1}"))
-            log(f"peer round {r + 1}/{rounds}: {peer_rounds[-1]['pages_per_s']:.0f} pages/s")
-    out: dict[str, dict[str, Any]] = {}
-    if fleet_rounds:
-        out["fleet"] = merge_rounds(fleet_rounds, "worker_cpu_s")
-    if "peer" in wanted:
-        out["peer"] = (merge_rounds(peer_rounds, "spider_cpu_s") if peer_rounds
-                       else {"skipped": skipped})
-    return out
 
 
 def used_memory(ctx: Ctx) -> int:

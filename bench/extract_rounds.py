@@ -9,7 +9,7 @@ On a slice of the farm's URLs, in alternating rounds so load from elsewhere fall
 * ``warc``   — the same with ``ARCHIVE=warc`` (every response written to WARC files) and no
   rules, so its row is the archive's own cost;
 * ``peer``   — the scrapy-redis spiders with ``--extract``: the same fields read with Scrapy's
-  selectors in the spider (bench/peer_spider.py's ``farm_data``).
+  selectors in the spider (bench/peer_fields.py's ``farm_data``).
 
 Each variant's rounds merge as the fleet phase's do (pages over seconds, CPU over pages). The
 rules round's ``data`` is compared with the peer's for a sample of URLs, so the two crawlers

@@ -1,6 +1,6 @@
 """The peer: a scrapy-redis RedisSpider extracting the fields the fleet records.
 
-    bench/.venv/bin/python bench/peer_spider.py --redis-url redis://127.0.0.1:PORT/1 \
+    bench/.venv/bin/python -m bench.peer_spider --redis-url redis://127.0.0.1:PORT/1 \
         [--key peer:start_urls] [--concurrency 16] [--idle-close-s 3] [--scheduler redis]
 
 Reads start URLs (plain strings) from a Redis list, fetches each once (no link following),
@@ -21,7 +21,6 @@ starts two of these processes on the same list.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -33,11 +32,10 @@ from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.http import Response
 from scrapy_redis.spiders import RedisSpider
 
+from bench.peer_fields import page_record
+
 NAME = "peer"
 USER_AGENT = "scrapy-redis-peer/bench"
-# Text nodes under <body>, outside script/style/noscript/template, as the fleet counts them.
-TEXT_XPATH = ("//body//text()[not(ancestor::script) and not(ancestor::style) "
-              "and not(ancestor::noscript) and not(ancestor::template)]")
 
 
 class PeerSpider(RedisSpider):
@@ -50,56 +48,8 @@ class PeerSpider(RedisSpider):
         return Request(data.decode(self.redis_encoding), dont_filter=True)
 
     def parse(self, response: Response, **_kwargs: Any) -> Iterator[dict[str, Any]]:
-        links: list[str] = []
-        seen: set[str] = set()
-        for href in response.xpath("//a/@href").getall():
-            url = response.urljoin(href.strip()).partition("#")[0]
-            if url.startswith(("http://", "https://")) and url not in seen:
-                seen.add(url)
-                links.append(url)
-        text = " ".join(" ".join(response.xpath(TEXT_XPATH).getall()).split())
-        yield {
-            "url": response.url,
-            "status": response.status,
-            "title": (response.xpath("//title/text()").get() or "").strip() or None,
-            "description": response.xpath("//meta[@name='description']/@content").get(),
-            "canonical": response.xpath("//link[@rel='canonical']/@href").get(),
-            "language": response.xpath("/html/@lang").get(),
-            "links": links,
-            "links_count": len(links),
-            "text_length": len(text),
-            **({"data": farm_data(response)} if self.extract else {}),
-        }
-
-
-def _int(text: str | None, pattern: str) -> int | None:
-    found = re.search(pattern, text or "")
-    return int(found.group(1)) if found else None
-
-
-def farm_data(response: Response) -> dict[str, Any]:
-    """The fields bench/extract_rounds.py's rules extract, the way a Scrapy user writes them:
-    five fields and one list of items, numbers converted, URLs made absolute."""
-    description = response.css("meta[name=description]::attr(content)").get()
-    canonical = response.css("link[rel=canonical]::attr(href)").get()
-    return {
-        "heading": _text(response.css("h1 ::text").getall()),
-        "lang": response.xpath("/html/@lang").get(),
-        "page": _int(description, r"Page (\d+) of"),
-        "site": _int(description, r"farm site (\d+)"),
-        "canonical": _url(response, canonical),
-        "sections": [{"label": _text(li.css("a ::text").getall()),
-                      "href": _url(response, li.css("a::attr(href)").get())}
-                     for li in response.css("nav.n li")],
-    }
-
-
-def _text(parts: list[str]) -> str | None:
-    return " ".join("".join(parts).split()) or None
-
-
-def _url(response: Response, href: str | None) -> str | None:
-    return response.urljoin(href.strip()).partition("#")[0] if href else None
+        yield page_record(response.selector, response.url, response.status, response.urljoin,
+                          self.extract)
 
 
 def settings_for(redis_url: str, key: str, concurrency: int, idle_close_s: int,

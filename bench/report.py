@@ -34,6 +34,7 @@ TARGET_PRIORITY_P95_S = 2.0
 TARGET_POLITE_RATIO = 1.05
 TARGET_FILES_SINK_RATIO = 3.0     # files sink rows/s per fleet page/s
 TARGET_POSTGRES_SINK_RATIO = 1.0  # PostgreSQL sink rows/s per fleet page/s
+TARGET_CRAWLEE_RATIO = 4.0
 TARGET_EXTRACT_RATIO = 2.5  # fleet with rules vs scrapy-redis extracting the same fields
 
 #: Row labels, in table order; tests/test_bench.py checks every one is printed.
@@ -41,6 +42,10 @@ FIGURES: tuple[str, ...] = (
     "fleet pages/s",
     "scrapy-redis pages/s",
     "fleet / scrapy-redis",
+    "scrapy-redis in-memory scheduler pages/s",
+    "fleet / scrapy-redis in-memory scheduler",
+    "Crawlee pages/s",
+    "fleet / Crawlee",
     "worker CPU per page",
     "worker peak RSS",
     "Redis round trips per page, hot path",
@@ -77,7 +82,9 @@ FIGURES: tuple[str, ...] = (
 
 def figure_phase(figure: str) -> str:
     """Which phase measures ``figure``."""
-    prefixes = (("scrapy-redis", "peer"), ("fleet /", "peer"),
+    prefixes = (("scrapy-redis in-memory", "peer_memory"),
+                ("fleet / scrapy-redis in-memory", "peer_memory"), ("Crawlee", "crawlee"),
+                ("fleet / Crawlee", "crawlee"), ("scrapy-redis", "peer"), ("fleet /", "peer"),
                 ("system CPU per page, scrapy", "peer"), ("producer", "producer"),
                 ("seen-set", "seen"), ("priority", "priority"), ("politeness", "politeness"),
                 ("files sink", "sinks"), ("PostgreSQL sink", "sinks"), ("machine", "machine"),
@@ -113,6 +120,7 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
             "info", 0)
         add("fleet / scrapy-redis", ratio, "x", f">= {TARGET_RATIO:g}",
             judge(ratio, at_least=TARGET_RATIO))
+    add_peers(add, fleet, phases, spiders)
     cpu = fleet.get("cpu_ms_per_page")
     add("worker CPU per page", cpu, "ms", f"<= {TARGET_CPU_MS:g}", judge(cpu, at_most=TARGET_CPU_MS))
     rss = fleet.get("rss_mb")
@@ -160,6 +168,27 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
         "us, one farm page, before/after " + "/".join(f"{v:.0f}" for v in reference),
         "", "info", 0)
     return rows
+
+
+def add_peers(add: Callable[..., None], fleet: dict[str, Any],
+              phases: dict[str, dict[str, Any]], spiders: int) -> None:
+    """The lighter Scrapy set-up and Crawlee, each on the fleet's URLs in the same rounds."""
+    for key, label, unit, target in (
+            ("peer_memory", "scrapy-redis in-memory scheduler", f"pages/s, {spiders} spiders",
+             None),
+            ("crawlee", "Crawlee", "pages/s, 2 processes, half the URLs each",
+             TARGET_CRAWLEE_RATIO)):
+        peer = phases.get(key) or {}
+        skipped = "skipped" in peer or not peer
+        why = f"skipped: {peer['skipped']}"[:72] if "skipped" in peer else ""
+        rate, ours = peer.get("pages_per_s"), fleet.get("pages_per_s")
+        ratio = ours / rate if rate and ours else None
+        add(f"{label} pages/s", rate, why or unit, "", "skipped" if skipped else "info", 0)
+        if target is None:
+            add(f"fleet / {label}", ratio, "x", "", "skipped" if skipped else "info")
+        else:
+            add(f"fleet / {label}", ratio, "x", f">= {target:g}",
+                "skipped" if skipped else judge(ratio, at_least=target))
 
 
 def add_capacity(add: Callable[..., None], fleet: dict[str, Any], seen: dict[str, Any]) -> None:

@@ -16,8 +16,11 @@ freshly flushed Redis and freshly declared queues; each phase lives in its own m
               Redis round trips per page, result record sizes and the stream's memory per
               record (bench/capacity.py). Fleet and peer alternate over ``--rounds`` slices
               of the farm's URL list, so both meet the same background load.
-2. peer       bench/crawl_rounds.py: the same URLs, N scrapy-redis spider processes
-              (bench/peer_spider.py, bench venv); pages/s and the ratio.
+2. peers      bench/peer_rounds.py: the same URLs, alternating with the fleet: ``peer``, N
+              scrapy-redis spider processes (bench/peer_spider.py, bench venv; its shared
+              Redis scheduler); ``peer_memory``, the same with Scrapy's in-memory scheduler;
+              ``crawlee``, two Crawlee ParselCrawler processes (bench/crawlee_peer.py) each
+              given half the URLs; pages/s and the ratios.
 3. sinks      bench/sink_rate.py: the last fleet round's records (copied after that round),
               drained end to end by ``sink.py files`` and ``sink.py postgres`` (a PostgreSQL
               the phase starts), each a fresh sink retired afterwards; rows/s, and rows/s per
@@ -52,10 +55,10 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:  # `python bench/run.py` as well as `python -m bench.run`
     sys.path.insert(0, _ROOT)
 
-from bench.crawl_rounds import phase_crawl  # noqa: E402
 from bench.extract_rounds import phase_extract  # noqa: E402
 from bench.farm import Farm, NginxFarm  # noqa: E402
 from bench.machine_speed import reference_parse_us  # noqa: E402
+from bench.peer_rounds import PEERS, phase_crawl  # noqa: E402
 from bench.politeness import phase_politeness  # noqa: E402
 from bench.priority_wait import phase_priority  # noqa: E402
 from bench.producer_rate import phase_producer  # noqa: E402
@@ -80,8 +83,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="attach py-spy to workers and spiders; summary in the JSON")
     parser.add_argument("--bench-python", type=Path, default=DEFAULT_BENCH_PYTHON,
                         help="python of the bench venv (scrapy, scrapy-redis)")
-    parser.add_argument("--phases", default="fleet,peer,sinks,extract,producer,seen,priority,"
-                        "politeness",
+    parser.add_argument("--phases", default="fleet,peer,peer_memory,crawlee,sinks,extract,"
+                        "producer,seen,priority,politeness",
                         help="comma-separated subset to run (fleet and peer first, the rest in "
                              "the order given; sinks needs fleet)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, farm)")
@@ -130,11 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "sinks": phase_sinks, "producer": phase_producer, "seen": phase_seen,
                 "priority": phase_priority, "politeness": phase_politeness,
                 "extract": phase_extract}
-            unknown = set(wanted) - set(steps) - {"fleet", "peer"}
+            unknown = set(wanted) - set(steps) - {"fleet", *PEERS}
             if unknown:
-                raise SystemExit(f"unknown phase(s) {sorted(unknown)}; known: fleet, peer, "
-                                 f"{', '.join(steps)}")
-            if {"fleet", "peer"} & set(wanted):
+                raise SystemExit(f"unknown phase(s) {sorted(unknown)}; known: fleet, "
+                                 f"{', '.join([*PEERS, *steps])}")
+            if {"fleet", *PEERS} & set(wanted):
                 phase_started = time.monotonic()
                 phases.update(phase_crawl(ctx, wanted))
                 log(f"fleet and peer: done in {time.monotonic() - phase_started:.1f}s")

@@ -92,10 +92,12 @@ def logged_crawl(ctx: Ctx, offset: int, user_agent: str,
 
 
 def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str, capture: Path | None = None,
-                extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+                extra_env: dict[str, str] | None = None,
+                workers: int | None = None) -> dict[str, Any]:
     """Seed ``urls``, then let N workers with every feature on drain them; with ``capture``,
     copy the round's records there afterwards for the sinks phase (bench/sink_rate.py);
-    ``extra_env`` adds settings (the extract phase's EXTRACT_RULES, ARCHIVE)."""
+    ``extra_env`` adds settings (the extract phase's EXTRACT_RULES, ARCHIVE); ``workers``
+    replaces ``--workers`` (the scaling phase)."""
     sizes = ctx.sizes
     reset(ctx.services)
     empty_memory = used_memory(ctx)
@@ -105,7 +107,8 @@ def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str, capture: Path | None = 
     seeded, seed_s = run_producer(env, write_lines(ctx.work / f"farm-urls-{tag}.txt", urls))
     if seeded["new"] != len(urls):
         raise RuntimeError(f"fleet phase: producer accepted {seeded['new']} of {len(urls)}")
-    log(f"fleet: {len(urls)} URLs seeded in {seed_s:.1f}s; starting {sizes.workers} workers")
+    count = workers or sizes.workers
+    log(f"fleet: {len(urls)} URLs seeded in {seed_s:.1f}s; starting {count} workers")
 
     client = ctx.redis()
     commands_before = command_calls(client)
@@ -123,7 +126,7 @@ def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str, capture: Path | None = 
                               "--concurrency", str(sizes.concurrency)],
                              name=f"worker-{i + 1}", env=dict(worker_env, WORKER_ID=f"bench-{i + 1}"),
                              cwd=REPO_ROOT, log_path=ctx.work / f"fleet-{tag}-worker-{i + 1}.log")
-               for i in range(sizes.workers)]
+               for i in range(count)]
     with profilers(ctx, workers, f"fleet-{tag}") as profiles:
         codes = wait_all(workers, timeout_s)
     busy_after, wall_after = machine_busy_s(), time.monotonic()

@@ -1,9 +1,11 @@
-"""The extract phase: what extraction rules and the WARC archive cost, and the fleet with rules
-against scrapy-redis doing the same extraction.
+"""The extract phase: what extraction rules, the WARC archive and INFO logging cost, and the
+fleet with rules against scrapy-redis doing the same extraction.
 
 On a slice of the farm's URLs, in alternating rounds so load from elsewhere falls on all alike:
 
-* ``plain``  — the fleet as in the fleet phase (every feature on);
+* ``plain``  — the fleet as in the fleet phase (every feature on, default settings: LOG_LEVEL
+  INFO writes a line per URL);
+* ``quiet``  — the same at LOG_LEVEL=WARNING, so the plain row's logging cost shows;
 * ``rules``  — the same with :data:`FARM_RULES` (five fields and one list of items, the shape of
   a typical product or article rule file);
 * ``warc``   — the same with ``ARCHIVE=warc`` (every response written to WARC files) and no
@@ -46,7 +48,7 @@ rules:
 """
 
 SAMPLE = 200  # URLs whose data is compared between the fleet and the peer
-VARIANTS = ("plain", "rules", "warc")
+VARIANTS = ("plain", "quiet", "rules", "warc")
 
 
 def archive_supported() -> bool:
@@ -59,7 +61,8 @@ def phase_extract(ctx: Ctx) -> dict[str, Any]:
     share = 1 if ctx.args.small else 4  # each round crawls 1/share of the farm per variant
     rules_path = ctx.work / "farm-rules.yml"
     rules_path.write_text(FARM_RULES)
-    envs = {"plain": {}, "rules": {"EXTRACT_RULES": f"@{rules_path}"},
+    envs = {"plain": {}, "quiet": {"LOG_LEVEL": "WARNING"},
+            "rules": {"EXTRACT_RULES": f"@{rules_path}"},
             "warc": {"ARCHIVE": "warc", "ARCHIVE_DIR": str(ctx.work / "warc")}}
     skipped = {"warc": None if archive_supported() else "ARCHIVE is not a setting yet"}
     peer_skipped = peer_unavailable(ctx)
@@ -135,6 +138,8 @@ def ratios(extract: dict[str, Any]) -> dict[str, float | None]:
         rate, cpu = value(variant, "pages_per_s"), value(variant, "cpu_ms_per_page")
         out[f"{variant}_rate_ratio"] = rate / plain_rate if rate and plain_rate else None
         out[f"{variant}_cpu_ratio"] = cpu / plain_cpu if cpu and plain_cpu else None
+    quiet_cpu = value("quiet", "cpu_ms_per_page")
+    out["info_cpu_cost"] = plain_cpu / quiet_cpu - 1 if plain_cpu and quiet_cpu else None
     rules_rate, peer_rate = value("rules", "pages_per_s"), value("peer", "pages_per_s")
     out["rules_vs_peer"] = rules_rate / peer_rate if rules_rate and peer_rate else None
     return out

@@ -35,6 +35,7 @@ TARGET_POLITE_RATIO = 1.05
 TARGET_FILES_SINK_RATIO = 3.0     # files sink rows/s per fleet page/s
 TARGET_POSTGRES_SINK_RATIO = 1.0  # PostgreSQL sink rows/s per fleet page/s
 TARGET_CRAWLEE_RATIO = 4.0
+TARGET_INFO_COST = 0.05  # worker CPU per page at LOG_LEVEL=INFO over WARNING, minus one
 TARGET_EXTRACT_RATIO = 2.5  # fleet with rules vs scrapy-redis extracting the same fields
 
 #: Row labels, in table order; tests/test_bench.py checks every one is printed.
@@ -64,6 +65,7 @@ FIGURES: tuple[str, ...] = (
     "PostgreSQL sink rows/s",
     "files sink / fleet pages/s",
     "PostgreSQL sink / fleet pages/s",
+    "INFO logging CPU cost",
     "rules pages/s",
     "rules / plain pages/s",
     "rules CPU per page",
@@ -72,6 +74,9 @@ FIGURES: tuple[str, ...] = (
     "WARC CPU per page",
     "rules fleet / scrapy-redis extracting",
     "extracted data equal to the peer's",
+    "scaling: 1 worker pages/s",
+    "scaling: 2 workers pages/s",
+    "scaling: 4 workers pages/s",
     "priority wait p50",
     "priority wait p95",
     "politeness duration / bound",
@@ -88,7 +93,8 @@ def figure_phase(figure: str) -> str:
                 ("system CPU per page, scrapy", "peer"), ("producer", "producer"),
                 ("seen-set", "seen"), ("priority", "priority"), ("politeness", "politeness"),
                 ("files sink", "sinks"), ("PostgreSQL sink", "sinks"), ("machine", "machine"),
-                ("rules", "extract"), ("WARC", "extract"), ("extracted", "extract"))
+                ("rules", "extract"), ("WARC", "extract"), ("extracted", "extract"),
+                ("INFO", "extract"), ("scaling", "scaling"))
     for prefix, phase in prefixes:
         if figure.startswith(prefix):
             return phase
@@ -151,6 +157,14 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
     add_capacity(add, fleet, seen)
     add_sinks(add, fleet, phases)
     add_extract(add, phases.get("extract"))
+    scaling = phases.get("scaling") or {}
+    for n in (1, 2, 4):
+        figures = scaling.get(str(n)) or {}
+        services = figures.get("service_cpu_ms_per_page") or {}
+        add(f"scaling: {n} worker{'s' if n > 1 else ''} pages/s", figures.get("pages_per_s"),
+            f"worker CPU {figures.get('cpu_ms_per_page') or 0:.2f} ms/page; RabbitMQ "
+            f"{services.get('rabbitmq') or 0:.2f}, Redis {services.get('redis') or 0:.2f}",
+            "", "info" if figures else "skipped", 0)
     add("priority wait p50", prio.get("p50_s"), f"s, behind {prio.get('backlog', 0):,} URLs",
         "", "info", 3)
     p95 = prio.get("p95_s")
@@ -239,6 +253,10 @@ def add_extract(add: Callable[..., None], extract: dict[str, Any] | None) -> Non
     extract = extract or {}
     ratio = ratios(extract)
     per_round = f"{extract.get('urls_per_round', 0):,} URLs a round"
+    cost = ratio["info_cpu_cost"]
+    add("INFO logging CPU cost", None if cost is None else 100 * cost,
+        "% worker CPU per page, LOG_LEVEL INFO (default) over WARNING",
+        f"<= {100 * TARGET_INFO_COST:g}", judge(cost, at_most=TARGET_INFO_COST), 1)
     for variant, label in (("rules", "rules"), ("warc", "WARC")):
         figures = extract.get(variant) or {}
         why = f"skipped: {figures['skipped']}"[:72] if "skipped" in figures else ""

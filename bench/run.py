@@ -29,10 +29,13 @@ freshly flushed Redis and freshly declared queues; each phase lives in its own m
               plain fleet, the fleet with extraction rules (five fields, one list), the fleet
               with ARCHIVE=warc, and scrapy-redis extracting the same fields; each against
               plain, rules against the peer, and the two crawlers' data compared.
-5. producer   bench/producer_rate.py: ``producer.py -f`` with fresh URLs, new URLs per second.
-6. seen       bench/seen_memory.py: Redis bytes per seen URL, and exactness.
-7. priority   bench/priority_wait.py: publish-to-fetch time of priority URLs behind a backlog.
-8. politeness bench/politeness.py: per-domain limits, duration against the limit's bound.
+   It also runs the plain fleet at LOG_LEVEL=WARNING: the cost of the default INFO.
+5. scaling    bench/scaling.py: 1, 2 and 4 workers; pages/s, worker, RabbitMQ and Redis CPU
+              per page.
+6. producer   bench/producer_rate.py: ``producer.py -f`` with fresh URLs, new URLs per second.
+7. seen       bench/seen_memory.py: Redis bytes per seen URL, and exactness.
+8. priority   bench/priority_wait.py: publish-to-fetch time of priority URLs behind a backlog.
+9. politeness bench/politeness.py: per-domain limits, duration against the limit's bound.
 
 Before and after the phases, bench/machine_speed.py times a reference parse; bench/report.py
 turns the results into the table (stdout) and ``bench/out/bench-<time>.json`` (and --json);
@@ -63,6 +66,7 @@ from bench.politeness import phase_politeness  # noqa: E402
 from bench.priority_wait import phase_priority  # noqa: E402
 from bench.producer_rate import phase_producer  # noqa: E402
 from bench.report import FIGURES, write_report  # noqa: E402
+from bench.scaling import phase_scaling  # noqa: E402
 from bench.seen_memory import phase_seen  # noqa: E402
 from bench.shared import FLEET_ENV_OVERRIDES, OUT_DIR, REPO_ROOT, Ctx, Sizes, log  # noqa: E402
 from bench.sink_rate import phase_sinks  # noqa: E402
@@ -84,7 +88,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--bench-python", type=Path, default=DEFAULT_BENCH_PYTHON,
                         help="python of the bench venv (scrapy, scrapy-redis)")
     parser.add_argument("--phases", default="fleet,peer,peer_memory,crawlee,sinks,extract,"
-                        "producer,seen,priority,politeness",
+                        "scaling,producer,seen,priority,politeness",
                         help="comma-separated subset to run (fleet and peer first, the rest in "
                              "the order given; sinks needs fleet)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, farm)")
@@ -132,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             steps: dict[str, Callable[[Ctx], dict[str, Any]]] = {
                 "sinks": phase_sinks, "producer": phase_producer, "seen": phase_seen,
                 "priority": phase_priority, "politeness": phase_politeness,
-                "extract": phase_extract}
+                "extract": phase_extract, "scaling": phase_scaling}
             unknown = set(wanted) - set(steps) - {"fleet", *PEERS}
             if unknown:
                 raise SystemExit(f"unknown phase(s) {sorted(unknown)}; known: fleet, "

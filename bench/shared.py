@@ -110,7 +110,6 @@ def fleet_env(services: FleetServices, concurrency: int, **extra: str) -> dict[s
         "RABBITMQ_URL": services.rabbitmq_url,
         "REDIS_URL": services.redis_url,
         "PYTHONUNBUFFERED": "1",
-        "LOG_LEVEL": "WARNING",
         "USER_AGENT": FLEET_UA,
         # Every feature on; the rate limit high enough not to bind.
         "RATE_LIMIT": "100000/second",

@@ -9,9 +9,22 @@
 ARG PYTHON_DIGEST=
 FROM python:3.11.11-slim-bookworm${PYTHON_DIGEST:+@}${PYTHON_DIGEST}
 
+# User code (EXTRACTOR=package.module:function) and rules files (EXTRACT_RULES=@/path) live in
+# /app/extensions, which is on PYTHONPATH. Two ways to put them there:
+#   - mount a directory: compose mounts ./extensions read-only (docker-compose.override.yml),
+#     e.g. EXTRACTOR=mysite.extract:extract for ./extensions/mysite/extract.py and
+#     EXTRACT_RULES=@/app/extensions/rules.yml;
+#   - derive an image (Swarm, Kubernetes: every node gets the code with the image), from a
+#     directory holding the code and this two-line Dockerfile:
+#         FROM scrape-fleet:local
+#         COPY . /app/extensions/
+#     docker build -t my-fleet:1 extensions/   then FLEET_IMAGE=my-fleet:1 (compose, Swarm) or
+#     the image name in the kustomize overlay (Kubernetes).
+# The base image itself never carries ./extensions (.dockerignore).
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONPATH=/app/extensions
 
 WORKDIR /app
 
@@ -28,9 +41,11 @@ RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requireme
 COPY . .
 
 # The files sink's volume (compose: sink-files) takes this directory's owner when created.
-RUN mkdir -p /data/results && chown 10001:10001 /data/results
+# /app/extensions stays root's: user code is read, never written, by the fleet.
+RUN mkdir -p /data/results /app/extensions && chown 10001:10001 /data/results
 
 USER 10001:10001
 
 # Exec form, so python itself receives SIGTERM (compose adds `init: true` to reap children).
+# No ENTRYPOINT: a compose `command:` or `docker run IMAGE python SCRIPT.py` is the whole argv.
 CMD ["python", "worker.py"]

@@ -3,7 +3,9 @@
 # each step is skipped when its result is already there.
 #   1. apt packages: rabbitmq-server, redis-server, postgresql (the result sink's tests start
 #      their own server from /usr/lib/postgresql/<version>/bin), docker-compose (the v1 client, used
-#      only to validate docker-compose.yml) and python3-venv when venv is unavailable.
+#      only to validate docker-compose.yml), kubectl (Debian's kubernetes-client: `kubectl
+#      kustomize` renders deploy/k8s in tests/test_deploy.py) and python3-venv when venv is
+#      unavailable.
 #   2. .venv with requirements-dev.lock: every package pinned with its sha256 hashes, checked by
 #      pip (--require-hashes), wheels only; re-installed only when a lock changes. The locks are
 #      generated from requirements.txt and requirements-dev.txt (see requirements.txt's header).
@@ -20,6 +22,7 @@ missing=()
 have redis-server || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
 have docker-compose || missing+=(docker-compose)
+have kubectl || missing+=(kubernetes-client)
 have nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 venv_package=()
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || venv_package=(python3-venv)
@@ -38,10 +41,12 @@ if [ "${#missing[@]}" -gt 0 ] || [ "${#venv_package[@]}" -gt 0 ]; then
     "${sudo_cmd[@]}" apt-get update
     # The packages' post-install may print "policy-rc.d denied execution of start" on a
     # machine without an init system: harmless, the tests start their own servers.
+    # Only what is missing: a kubectl from another source owns /usr/bin/kubectl, which
+    # kubernetes-client would collide with.
     "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y \
-        rabbitmq-server redis-server postgresql docker-compose nginx "${venv_package[@]}"
+        "${missing[@]}" "${venv_package[@]}"
 else
-    log "rabbitmq-server, redis-server, postgresql and docker-compose are installed"
+    log "rabbitmq-server, redis-server, postgresql, docker-compose and kubectl are installed"
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -152,9 +152,15 @@ def env_example() -> dict[str, str]:
     return values
 
 
-def compose_config(tmp_path: Path, variables: dict[str, str],
-                   *profiles: str) -> subprocess.CompletedProcess[str]:
-    """`docker-compose config` with exactly ``variables`` set (no .env file is read)."""
+#: What `docker compose` reads by itself in the checkout (Swarm reads the first alone).
+COMPOSE_FILES = ("docker-compose.yml", "docker-compose.override.yml")
+
+
+def compose_config(tmp_path: Path, variables: dict[str, str], *profiles: str,
+                   files: tuple[str, ...] = COMPOSE_FILES) -> subprocess.CompletedProcess[str]:
+    """`docker-compose config` of ``files`` (by default both, merged as `docker compose` does)
+    with exactly ``variables`` set (no .env file is read). Debian's client is Compose v1, used
+    here only to parse, interpolate and merge; README supports Compose v2 for running."""
     binary = require_tool("docker-compose")
     env = {k: v for k, v in os.environ.items()
            if k not in env_example() and not k.startswith("COMPOSE_")}
@@ -162,9 +168,9 @@ def compose_config(tmp_path: Path, variables: dict[str, str],
     empty_env_file = tmp_path / "empty.env"
     empty_env_file.write_text("")
     profile_args = [arg for profile in profiles for arg in ("--profile", profile)]
+    file_args = [arg for name in files for arg in ("-f", name)]
     return subprocess.run(
-        [binary, "--env-file", str(empty_env_file), "-f", "docker-compose.yml", *profile_args,
-         "config"],
+        [binary, "--env-file", str(empty_env_file), *file_args, *profile_args, "config"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
         stdin=subprocess.DEVNULL,
     )

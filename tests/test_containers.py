@@ -1,7 +1,9 @@
 """Static checks of the container files: compose configuration and Dockerfile lint.
 
-No Docker engine is needed: ``docker-compose config`` only parses and interpolates, and
-hadolint reads the Dockerfile.
+No Docker engine is needed: ``docker-compose config`` only parses, interpolates and merges
+docker-compose.yml with docker-compose.override.yml (as `docker compose` does by itself), and
+hadolint reads the Dockerfile. What users type, and Swarm's view of docker-compose.yml alone:
+tests/test_compose_commands.py.
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ from tests.helpers import compose_config, env_example, require_tool
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_EXAMPLE = REPO_ROOT / ".env.example"
 
-
-
-
-
-
+APP_SERVICES = ("scraper", "sink", "producer", "sitemap_producer", "tools", "sink-postgres")
+TOOL_SERVICES = ("producer", "sitemap_producer", "tools")
+#: What an official image's entrypoint needs to give its volume to its user and drop root.
+ENTRYPOINT_CAPS = {"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"}
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +32,11 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     result = compose_config(tmp_path_factory.mktemp("compose"), env_example())
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
+
+
+def _tmpfs_targets(service: dict[str, Any]) -> set[str]:
+    return {v["target"] for v in service.get("volumes", [])
+            if isinstance(v, dict) and v.get("type") == "tmpfs"}
 
 
 def test_env_example_defines_every_required_secret():
@@ -49,8 +55,8 @@ def test_compose_config_refuses_to_render_without_the_secrets(tmp_path):
 
 def test_compose_has_the_broker_redis_worker_and_tool_services(compose):
     assert set(compose["services"]) == {
-        "rabbitmq", "redis", "scraper", "producer", "sitemap_producer", "prometheus", "grafana",
-        "sink", "sink-postgres", "postgres"}
+        "rabbitmq", "redis", "scraper", "producer", "sitemap_producer", "tools", "prometheus",
+        "grafana", "sink", "sink-postgres", "postgres"}
 
 
 def test_scraper_can_scale_with_no_container_name_and_no_ports(compose):
@@ -59,11 +65,21 @@ def test_scraper_can_scale_with_no_container_name_and_no_ports(compose):
     assert "ports" not in scraper
     assert scraper["command"] == ["python", "worker.py"]
     assert scraper["read_only"] is True
-    assert "/tmp" in scraper["tmpfs"]
+    assert "/tmp" in _tmpfs_targets(scraper)
     assert scraper["stop_grace_period"] == "60s"
-    assert scraper["restart"] == "unless-stopped"
+    assert scraper["deploy"]["restart_policy"]["condition"] == "any"
     assert scraper["environment"]["RABBITMQ_HOST"] == "rabbitmq"
     assert scraper["environment"]["REDIS_HOST"] == "redis"
+
+
+def test_a_plain_up_keeps_the_configured_number_of_scrapers(compose, tmp_path):
+    # `docker compose up` (with or without --profile) reconciles to deploy.replicas; without
+    # it every `up` went back to one scraper.
+    assert compose["services"]["scraper"]["deploy"]["replicas"] == int(
+        env_example()["SCRAPER_REPLICAS"])
+    result = compose_config(tmp_path, {**env_example(), "SCRAPER_REPLICAS": "7"}, "monitoring")
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["services"]["scraper"]["deploy"]["replicas"] == 7
 
 
 def test_published_ports_are_bound_to_loopback_only(compose):
@@ -76,7 +92,7 @@ def test_published_ports_are_bound_to_loopback_only(compose):
 
 
 def test_app_services_wait_for_healthy_broker_and_redis(compose):
-    for name in ("scraper", "producer", "sitemap_producer"):
+    for name in ("scraper", *TOOL_SERVICES):
         depends_on = compose["services"][name]["depends_on"]
         assert depends_on == {"rabbitmq": {"condition": "service_healthy"},
                               "redis": {"condition": "service_healthy"}}, name
@@ -85,19 +101,69 @@ def test_app_services_wait_for_healthy_broker_and_redis(compose):
 
 
 def test_tool_services_run_once_and_only_on_request(compose):
-    for name in ("producer", "sitemap_producer"):
+    for name in TOOL_SERVICES:
         service = compose["services"][name]
         assert service["profiles"] == ["tools"]
         assert service["restart"] == "no"
         assert service["image"] == compose["services"]["scraper"]["image"]
 
 
-def test_redis_keeps_an_append_only_file_and_requires_a_password(compose):
+def test_every_app_service_shares_the_settings_of_the_scraper(compose):
+    # The tools are defined in docker-compose.override.yml, the scraper in docker-compose.yml:
+    # they must not drift apart.
+    scraper = compose["services"]["scraper"]
+    core = ("RABBITMQ_HOST", "RABBITMQ_USER", "RABBITMQ_PASSWORD", "REDIS_HOST",
+            "REDIS_PASSWORD", "LOG_LEVEL", "EXTRACT_RULES", "EXTRACTOR")
+    for name in APP_SERVICES:
+        service = compose["services"][name]
+        assert {k: service["environment"][k] for k in core} == {
+            k: scraper["environment"][k] for k in core}, name
+        assert service["image"] == scraper["image"], name
+        assert service["read_only"] is True and service["init"] is True, name
+        assert "/tmp" in _tmpfs_targets(service), name
+
+
+def test_user_code_is_mounted_read_only_on_the_python_path(compose):
+    for name in APP_SERVICES:
+        mounts = [v for v in compose["services"][name]["volumes"] if isinstance(v, str)]
+        assert f"{REPO_ROOT}/extensions:/app/extensions:ro" in mounts, name
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    assert "PYTHONPATH=/app/extensions" in dockerfile
+
+
+def test_every_service_drops_capabilities_and_cannot_gain_privileges(compose):
+    for name, service in compose["services"].items():
+        assert service["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in service["security_opt"], name
+        assert set(service.get("cap_add", [])) <= ENTRYPOINT_CAPS, name
+    for name in APP_SERVICES + ("prometheus", "grafana"):
+        assert "cap_add" not in compose["services"][name], name
+
+
+def test_redis_runs_as_the_redis_user_with_its_password_on_no_command_line(compose):
+    redis = compose["services"]["redis"]
+    assert "user" not in redis
+    command = " ".join(redis["command"])
+    # The image drops root only when its entrypoint sees `redis-server` first.
+    assert "exec docker-entrypoint.sh redis-server /run/redis/auth.conf" in command
+    assert "requirepass" in command and "REDIS_PASSWORD" in command
+    assert env_example()["REDIS_PASSWORD"] not in command
+    assert "/run/redis" in _tmpfs_targets(redis)
+    assert redis["read_only"] is True
+
+
+def test_redis_keeps_an_append_only_file(compose):
     redis = compose["services"]["redis"]
     command = " ".join(redis["command"])
     assert "--appendonly yes" in command
-    assert "--requirepass" in command
-    assert any(v.endswith(":/data") or ":/data:" in v for v in redis["volumes"])
+    assert any(v.endswith(":/data") or ":/data:" in v for v in redis["volumes"]
+               if isinstance(v, str))
+
+
+def test_grafana_keeps_its_database_and_so_its_password_in_a_volume(compose):
+    grafana = compose["services"]["grafana"]
+    assert "grafana-data:/var/lib/grafana:rw" in grafana["volumes"]
+    assert "grafana-data" in compose["volumes"]
 
 
 def test_the_files_sink_runs_by_default_like_the_scraper_onto_a_named_volume(compose):
@@ -105,8 +171,9 @@ def test_the_files_sink_runs_by_default_like_the_scraper_onto_a_named_volume(com
     assert "profiles" not in sink
     assert sink["command"] == ["python", "sink.py", "files"]
     assert sink["image"] == scraper["image"]
-    assert sink["read_only"] is True and "/tmp" in sink["tmpfs"]
-    assert sink["restart"] == "unless-stopped"
+    assert sink["read_only"] is True and "/tmp" in _tmpfs_targets(sink)
+    assert sink["deploy"]["restart_policy"]["condition"] == "any"
+    assert sink["deploy"]["replicas"] == 1
     assert "ports" not in sink and "container_name" not in sink
     assert sink["depends_on"] == {"redis": {"condition": "service_healthy"}}
     sink_dir = sink["environment"]["SINK_DIR"]
@@ -124,7 +191,8 @@ def test_postgres_and_its_sink_are_the_postgres_profile(compose):
     assert any(v.endswith(":/var/lib/postgresql/data:rw") for v in postgres["volumes"])
     assert "healthcheck" in postgres
     assert sink["command"] == ["python", "sink.py", "postgres"]
-    assert sink["read_only"] is True and "/tmp" in sink["tmpfs"]
+    assert sink["restart"] == "unless-stopped"
+    assert sink["read_only"] is True and "/tmp" in _tmpfs_targets(sink)
     assert sink["environment"]["POSTGRES_URL"].startswith("postgresql://")
     assert "@postgres:5432/" in sink["environment"]["POSTGRES_URL"]
     assert sink["depends_on"]["postgres"] == {"condition": "service_healthy"}
@@ -141,8 +209,10 @@ def test_compose_config_refuses_to_render_without_the_postgres_password(tmp_path
 
 
 def test_every_service_has_a_memory_limit(compose):
+    # deploy.resources, which both Compose v2 and Swarm apply (Swarm ignores mem_limit).
     for name, service in compose["services"].items():
-        assert service.get("mem_limit"), name
+        assert service["deploy"]["resources"]["limits"]["memory"], name
+        assert "mem_limit" not in service, name
 
 
 def test_dockerfile_passes_hadolint():
@@ -161,8 +231,9 @@ def test_dockerfile_runs_the_worker_as_a_non_root_user():
     assert lines.index(user_lines[-1]) > max(i for i, line in enumerate(lines)
                                              if line.startswith("RUN "))
     assert 'CMD ["python", "worker.py"]' in lines
+    assert not any(line.startswith("ENTRYPOINT") for line in lines)
 
 
-def test_dockerignore_keeps_secrets_and_history_out_of_the_build_context():
+def test_dockerignore_keeps_secrets_history_and_user_code_out_of_the_build_context():
     patterns = set((REPO_ROOT / ".dockerignore").read_text().split())
-    assert {".git", ".env", ".venv", "bench/out"} <= patterns
+    assert {".git", ".env", ".venv", "bench/out", "extensions", "deploy"} <= patterns

@@ -32,6 +32,8 @@ SUPPORT = {
     "bench/": "the benchmark (one module per phase) and its farm of static sites",
     "tests/": "mirrors `common/`: `tests/<room>/` per room, whole-fleet tests at the top",
     "monitoring/": "Prometheus and Grafana provisioning for compose",
+    "deploy/": "Kubernetes manifests (kustomize base, local and prod overlays) and the CRD "
+               "schemas they are validated against",
     "scripts/": "bootstrap, the local fleet, the test command",
 }
 

@@ -12,11 +12,16 @@ Routes (``N``, ``CODE``, ``SECONDS``, ``KB`` are numbers; a query string is igno
     /binary               application/octet-stream, deterministic bytes
     /robots.txt           the robots_txt given to the constructor (404 when None)
     /retry-after/SECONDS  429 with a Retry-After header
+    /busy/CODE[/SECONDS]  CODE (429, 503, ...), with a Retry-After header when SECONDS is given
     /flaky/KEY/N          503 for the first N requests for KEY (per site), then 200
     /big/KB               an HTML page of exactly KB * 1024 bytes
 
 Extra routes: ``site.route("/path", handler)``; ``handler(request)`` gets the
 :class:`RequestRecord` and returns ``(status, headers, body_bytes)``.
+
+A whole site pushing back: ``site.refuse_next(n, 429, retry_after_s=None)`` answers the next
+``n`` requests (any path but /robots.txt) with that status; ``site.latency_s`` (settable while
+serving) slows every answer down.
 
 Every request is logged (:attr:`TestSite.log`) before it is answered.
 """
@@ -122,6 +127,8 @@ class TestSite(Managed):
         self._routes: dict[str, Handler] = {}
         self._log: list[RequestRecord] = []
         self._flaky_counts: dict[str, int] = {}
+        self._refusals: list[Response] = []
+        self.refused: list[RequestRecord] = []  # the requests refuse_next answered
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -199,6 +206,16 @@ class TestSite(Managed):
             self._log.clear()
             self._flaky_counts.clear()
 
+    def refuse_next(self, count: int, status: int = 429,
+                    retry_after_s: float | None = None) -> None:
+        """Answer the next ``count`` requests (any path but /robots.txt) with ``status``, and a
+        ``Retry-After: retry_after_s`` header when given: the whole site refusing for a while."""
+        headers = {"Content-Type": "text/html; charset=utf-8"}
+        if retry_after_s is not None:
+            headers["Retry-After"] = f"{retry_after_s:g}"
+        with self._lock:
+            self._refusals = [(status, headers, _small_page(status, "busy"))] * count
+
     def _record(self, record: RequestRecord) -> None:
         with self._lock:
             self._log.append(record)
@@ -239,6 +256,9 @@ class TestSite(Managed):
         """The response for one request (routing table)."""
         path = urlsplit(record.path).path
         with self._lock:
+            if self._refusals and path != "/robots.txt":
+                self.refused.append(record)
+                return self._refusals.pop()
             custom = self._routes.get(path)
         if custom is not None:
             return custom(record)
@@ -297,6 +317,11 @@ class TestSite(Managed):
                 return 429, {"Retry-After": str(seconds),
                              "Content-Type": "text/html; charset=utf-8"}, \
                     _small_page(429, "too many requests")
+            elif kind == "busy":
+                headers = {"Content-Type": "text/html; charset=utf-8"}
+                if rest is not None:
+                    headers["Retry-After"] = str(int(rest))
+                return int(arg), headers, _small_page(int(arg), "busy")
             elif kind == "flaky" and rest is not None:
                 failures = int(rest)
                 if self._flaky_hit(arg) <= failures:
@@ -313,7 +338,8 @@ class TestSite(Managed):
 
 
 _ROUTE_RE = re.compile(
-    r"/(?P<kind>page|status|slow|redirect|retry-after|flaky|big)/(?P<arg>[^/]+)(?:/(?P<rest>[^/]+))?"
+    r"/(?P<kind>page|status|slow|redirect|retry-after|busy|flaky|big)/(?P<arg>[^/]+)"
+    r"(?:/(?P<rest>[^/]+))?"
 )
 
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "

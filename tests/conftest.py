@@ -31,6 +31,8 @@ from devtools.services import (
     reset_state,
     scratch_database,
 )
+from devtools.services.rabbitmq_cluster import LocalRabbitCluster
+from devtools.services.redis_sentinel import SentinelGroup
 from devtools.testsite import TestSite
 from tests.helpers import REPO_ROOT, TEST_ENV, own_channel
 
@@ -44,7 +46,8 @@ def _in_ci() -> bool:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if {"services", "postgres"} & set(getattr(item, "fixturenames", ())):
+        if {"services", "postgres", "rabbit_cluster", "sentinel_group"} & set(
+                getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
 
 
@@ -74,6 +77,29 @@ def postgres() -> Iterator[PostgresService]:
     """PostgreSQL for the whole session: POSTGRES_URL, else Docker, else Debian's binaries
     (initdb and start take a second or two; as root the server runs as ``postgres``)."""
     yield from _session_service(postgres_service(), "PostgreSQL")
+
+
+@pytest.fixture(scope="session")
+def rabbit_cluster() -> Iterator[LocalRabbitCluster]:
+    """A 3-node RabbitMQ cluster on loopback for the session (about 30 s to start), started
+    only when a test asks for it (the node-loss tests)."""
+    yield from _session_service(LocalRabbitCluster(), "RabbitMQ cluster")
+
+
+@pytest.fixture(scope="session")
+def sentinel_group() -> Iterator[SentinelGroup]:
+    """A Redis primary, two replicas and three sentinels on loopback, for the whole session,
+    started only when a test asks (about 8 s)."""
+    yield from _session_service(SentinelGroup(replicas=2), "Redis with Sentinel")
+
+
+@pytest.fixture
+def sentinels(sentinel_group: SentinelGroup) -> SentinelGroup:
+    """The session's Sentinel group with every node up again (after a test's failover) and its
+    data flushed."""
+    sentinel_group.heal()
+    sentinel_group.flush()
+    return sentinel_group
 
 
 @pytest.fixture

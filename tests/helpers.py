@@ -32,7 +32,10 @@ TEST_ENV: dict[str, str] = {
     "RATE_LIMIT": "1000/second",
     "RETRY_BASE_S": "0.05",
     "RETRY_MAX_S": "1",
+    "THROTTLE_BLOCK_START_S": "0.1",  # a 429/503 blocks the test site's domain briefly
+    "THROTTLE_BLOCK_MAX_S": "1",
     "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
+    "DEFER_LEAD_S": "0",  # publish everything at once; deferral: tests/test_fairness.py
 }
 
 

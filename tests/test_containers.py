@@ -21,7 +21,8 @@ from tests.helpers import compose_config, env_example, require_tool
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_EXAMPLE = REPO_ROOT / ".env.example"
 
-APP_SERVICES = ("scraper", "sink", "producer", "sitemap_producer", "tools", "sink-postgres")
+APP_SERVICES = ("scraper", "sink", "producer", "sitemap_producer", "tools", "sink-postgres",
+                "scheduler")
 TOOL_SERVICES = ("producer", "sitemap_producer", "tools")
 #: What an official image's entrypoint needs to give its volume to its user and drop root.
 ENTRYPOINT_CAPS = {"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"}
@@ -56,7 +57,7 @@ def test_compose_config_refuses_to_render_without_the_secrets(tmp_path):
 def test_compose_has_the_broker_redis_worker_and_tool_services(compose):
     assert set(compose["services"]) == {
         "rabbitmq", "redis", "scraper", "producer", "sitemap_producer", "tools", "prometheus",
-        "grafana", "sink", "sink-postgres", "postgres"}
+        "grafana", "sink", "sink-postgres", "postgres", "scheduler"}
 
 
 def test_scraper_can_scale_with_no_container_name_and_no_ports(compose):

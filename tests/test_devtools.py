@@ -14,6 +14,7 @@ import requests
 from lxml import html as lxml_html
 
 from common.broker import topology
+from common.ops import servers
 from devtools.services import (
     FleetServices,
     LocalRedis,
@@ -21,7 +22,6 @@ from devtools.services import (
     find_binaries,
     fleet_services,
 )
-from devtools.services import base as services_base
 from devtools.services import fleet as services_fleet
 from devtools.testsite import TestSite, start_sites
 
@@ -137,8 +137,8 @@ def test_docker_is_not_asked_when_docker_host_is_not_on_this_machine():
 
 
 def test_missing_binaries_error_says_how_to_install_them(monkeypatch):
-    monkeypatch.setattr(services_base, "RABBITMQ_BIN_DIRS", ("/nonexistent",))
-    monkeypatch.setattr(services_base, "REDIS_BIN_DIRS", ("/nonexistent",))
+    monkeypatch.setattr(servers, "RABBITMQ_BIN_DIRS", ("/nonexistent",))
+    monkeypatch.setattr(servers, "REDIS_BIN_DIRS", ("/nonexistent",))
     monkeypatch.setenv("PATH", "/nonexistent")
 
     with pytest.raises(RuntimeError, match="apt-get install -y rabbitmq-server redis-server"):

@@ -1,4 +1,11 @@
-"""The AMQP connection every process uses, retried with the reconnect policy.
+"""The AMQP connection every process uses: any live node of the broker's addresses, retried
+with the reconnect policy.
+
+RABBITMQ_URLS (or a comma-separated RABBITMQ_URL) names a cluster's nodes. Each connect tries
+them in a fresh random order (pika's BlockingConnection takes a list of parameters and moves on
+to the next address when one refuses), so a fleet spreads over the nodes and a process whose
+node died reconnects to a live one: the worker's session loop and the producer call
+:func:`connect_rabbitmq` again after a lost connection.
 
 :func:`connect_rabbitmq` fails fast with :class:`ServiceUnavailable` once
 ``settings.connect_retry_s`` has passed, so an entry script can print one clear line and exit
@@ -8,6 +15,9 @@ the operator's fix.
 
 from __future__ import annotations
 
+import logging
+import random
+
 import pika
 import pika.exceptions
 
@@ -15,13 +25,16 @@ from common.core.backoff import keep_trying
 from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, ServiceUnavailable
 
+logger = logging.getLogger(__name__)
+
 _RETRYABLE = (*AMQP_CONNECTION_LOST, OSError)
 _FATAL = (pika.exceptions.ProbableAuthenticationError,
           pika.exceptions.ProbableAccessDeniedError)
 
 
-def amqp_parameters(settings: Settings) -> pika.URLParameters:
-    params = pika.URLParameters(settings.rabbitmq_url)
+def amqp_parameters(settings: Settings, url: str | None = None) -> pika.URLParameters:
+    """pika parameters for ``url`` (default: the first address) with our timeouts."""
+    params = pika.URLParameters(url or settings.rabbitmq_url)
     params.heartbeat = settings.rabbitmq_heartbeat_s
     params.blocked_connection_timeout = 60
     params.connection_attempts = 1
@@ -30,22 +43,36 @@ def amqp_parameters(settings: Settings) -> pika.URLParameters:
     return params
 
 
+def address_list(settings: Settings) -> list[pika.URLParameters]:
+    """Parameters for every broker address, in a fresh random order."""
+    urls = list(settings.rabbitmq_urls)
+    random.shuffle(urls)
+    return [amqp_parameters(settings, url) for url in urls]
+
+
+def _where(params: pika.URLParameters) -> str:
+    return f"{params.host}:{params.port}{params.virtual_host}"
+
+
 def connect_rabbitmq(settings: Settings) -> pika.BlockingConnection:
-    """A BlockingConnection to the broker, retried with backoff.
+    """A BlockingConnection to a live node, retried with backoff.
 
     Raises:
-        ServiceUnavailable: the broker refused our credentials or stayed unreachable.
+        ServiceUnavailable: the broker refused our credentials or no node became reachable.
     """
-    params = amqp_parameters(settings)
-    where = f"{params.host}:{params.port}{params.virtual_host}"
+    where = ", ".join(_where(amqp_parameters(settings, url)) for url in settings.rabbitmq_urls)
 
     def connect() -> pika.BlockingConnection:
+        addresses = address_list(settings)
         try:
-            return pika.BlockingConnection(params)
+            connection = pika.BlockingConnection(addresses)
         except _FATAL as exc:
             raise ServiceUnavailable(
                 f"RabbitMQ at {where} refused the login ({type(exc).__name__}); "
                 "check RABBITMQ_USER/RABBITMQ_PASSWORD/RABBITMQ_VHOST") from None
+        if len(addresses) > 1:
+            logger.info("connected to RabbitMQ node %s", _where(connection._impl.params))
+        return connection
 
     return keep_trying(connect, timeout_s=settings.connect_retry_s, retry_on=_RETRYABLE,
                        service="RabbitMQ", where=where)

@@ -19,12 +19,31 @@ Queues::
                      expires at the head of a queue, so mixed delays in one queue would wait
                      for each other. Levels double from 100 ms; a longer delay takes several
                      hops (largest level first), see :func:`hold_level`.
+
+Queue types (QUEUE_TYPE, :func:`queue_arguments`): ``classic`` declares exactly the arguments
+above. ``quorum`` declares the same queues as replicated quorum queues (a RabbitMQ cluster) and
+adds, per queue: ``x-queue-type: quorum``; where a queue dead-letters (work and hold queues)
+``x-dead-letter-strategy: at-least-once`` with the ``x-overflow: reject-publish`` it requires
+(no length limit is set, so nothing is ever refused for length); and ``x-delivery-limit``: the
+poison guard, DELIVERY_LIMIT on the work queues (past it the broker dead-letters the message
+into expired_urls, x-death reason ``delivery_limit``), BROWSE_DELIVERY_LIMIT on failed_urls
+and expired_urls, whose messages are returned on purpose (``dlq.py list`` browses by
+returning). Quorum queues have no message priority (``x-max-priority`` is refused): none is
+used here, priority is a queue of its own. Both work on RabbitMQ 3.10 to 4.x (NOTES.md #40).
+
+A queue that exists with other arguments (the other QUEUE_TYPE, an older version) makes the
+declaration fail with PRECONDITION_FAILED; :func:`declare` turns that into a
+:class:`~common.core.errors.TopologyMismatch` saying how to migrate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+import pika.exceptions
+
+from common.core.errors import TopologyMismatch
 
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
@@ -45,6 +64,19 @@ WORK_QUEUES: tuple[str, ...] = (PRIORITY_QUEUE, NORMAL_QUEUE)
 HOLD_LEVELS_MS: tuple[int, ...] = tuple(100 * 2 ** k for k in range(16))
 #: A remaining delay below this is not worth another hop.
 HOLD_MIN_MS = 50
+
+CLASSIC = "classic"
+QUORUM = "quorum"
+#: Quorum work queues: deliveries without an outcome (returned by a dead worker or a lost
+#: connection) before the broker dead-letters the message. The worker itself never requeues
+#: for "not yet" (it republishes), so only crashes count. Explicit, so 3.x (no default) and
+#: 4.x (default 20) behave alike.
+DELIVERY_LIMIT = 10
+#: failed_urls and expired_urls: returned on purpose (``dlq.py list``), never a poison loop.
+#: Not -1: RabbitMQ 4 reads that as "no limit", 3.x as "drop on the first return".
+BROWSE_DELIVERY_LIMIT = 1_000_000
+#: AMQP reply code of a declaration whose arguments differ from the existing queue's.
+PRECONDITION_FAILED = 406
 
 
 def hold_name(level_ms: int) -> str:
@@ -96,18 +128,57 @@ QUEUES: tuple[QueueSpec, ...] = (
 QUEUE_TTL_MS: dict[str, int] = {q.name: q.arguments["x-message-ttl"] for q in QUEUES}
 
 
-def declare(channel: Any) -> None:
+def queue_arguments(queue: QueueSpec, queue_type: str = CLASSIC) -> dict[str, Any]:
+    """The arguments ``queue`` is declared with under ``queue_type`` (see the module doc)."""
+    if queue_type == CLASSIC:
+        return dict(queue.arguments)
+    if queue_type != QUORUM:
+        raise ValueError(f"unknown queue type {queue_type!r}")
+    arguments = {**queue.arguments, "x-queue-type": QUORUM}
+    if "x-dead-letter-exchange" in queue.arguments:
+        arguments["x-dead-letter-strategy"] = "at-least-once"
+        arguments["x-overflow"] = "reject-publish"
+    if queue.name in WORK_QUEUES:
+        arguments["x-delivery-limit"] = DELIVERY_LIMIT
+    elif queue.name in (FAILED_QUEUE, EXPIRED_QUEUE):
+        arguments["x-delivery-limit"] = BROWSE_DELIVERY_LIMIT
+    return arguments
+
+
+def declare(channel: Any, queue_type: str = CLASSIC) -> None:
     """Declare every exchange, queue and binding on ``channel`` (a pika BlockingChannel).
 
     Idempotent: re-declaring with the same arguments is a no-op on the broker.
+
+    Raises:
+        TopologyMismatch: a queue exists with other arguments (the channel is closed then).
     """
     for exchange in EXCHANGES:
         channel.exchange_declare(exchange=exchange.name, exchange_type=exchange.type, durable=True)
     for queue in QUEUES:
-        channel.queue_declare(queue=queue.name, durable=True, arguments=queue.arguments)
+        try:
+            channel.queue_declare(queue=queue.name, durable=True,
+                                  arguments=queue_arguments(queue, queue_type))
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != PRECONDITION_FAILED:
+                raise
+            raise TopologyMismatch(mismatch_help(queue.name, queue_type, exc.reply_text)) from None
         if queue.bind_exchange:
             channel.queue_bind(queue=queue.name, exchange=queue.bind_exchange,
                                routing_key=queue.bind_key)
+
+
+def mismatch_help(name: str, queue_type: str, reply: str) -> str:
+    """What to tell the operator when ``name`` exists with other arguments."""
+    other = CLASSIC if queue_type == QUORUM else QUORUM
+    return (f"RabbitMQ refused to declare queue {name!r} as QUEUE_TYPE={queue_type}: {reply}. "
+            f"It exists with other arguments (declared with QUEUE_TYPE={other} or by an older "
+            "version), and a queue's arguments cannot change in place. Either set QUEUE_TYPE "
+            "back to what the queues are, or migrate: point the fleet at a new virtual host "
+            "(RABBITMQ_VHOST or the URL's path) and let the old workers drain the old one, or "
+            "stop everything, drain and delete the fleet's queues (priority_queue, "
+            "url_queue_ttl, failed_urls, expired_urls, hold.*) and start again. "
+            "NOTES.md #40 explains both.")
 
 
 def delete_all(channel: Any) -> None:

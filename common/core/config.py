@@ -24,8 +24,7 @@ from typing import Any
 from urllib.parse import quote
 
 from common.core.errors import ConfigError
-from common.core.knobs import KNOBS, Knob
-from common.core.redact import url_secrets
+from common.core.knobs import KNOBS, Knob, url_list_secrets
 
 __all__ = ["KNOBS", "Knob", "Settings", "load_settings"]
 
@@ -35,6 +34,8 @@ class Settings:
     """Typed, immutable settings. Build with :func:`load_settings`."""
 
     rabbitmq_url_raw: str | None = None
+    rabbitmq_urls_raw: str | None = None
+    queue_type: str = "classic"
     rabbitmq_host: str = "localhost"
     rabbitmq_port: int = 5672
     rabbitmq_user: str | None = None
@@ -46,6 +47,12 @@ class Settings:
     redis_port: int = 6379
     redis_db: int = 0
     redis_password: str | None = None
+    redis_sentinels: tuple[tuple[str, int], ...] = ()
+    redis_sentinel_master: str = "mymaster"
+    redis_sentinel_password: str | None = None
+    redis_min_replicas: int = 0
+    redis_wait_timeout_ms: int = 1000
+    redis_wait_max_s: float = 300.0
     connect_retry_s: float = 30.0
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     concurrency: int = 8
@@ -68,6 +75,10 @@ class Settings:
     extract_rules: str = ""
     extractor: str = ""
     extractor_timeout_s: float = 2.0
+    archive: str = "none"
+    archive_dir: str = "archive"
+    archive_max_bytes: int = 1 << 30
+    archive_fsync: bool = False
     redis_memory_high: float = 0.9
     redis_memory_low: float = 0.8
     results_backlog_high: int = 80_000
@@ -79,9 +90,20 @@ class Settings:
     sink_rotate_s: float = 3600.0
     postgres_url: str | None = None
     postgres_table: str = "crawl_results"
+    schedule_interval_s: int = 86400
+    schedule_min_interval_s: int = 3600
+    schedule_max_interval_s: int = 14 * 86400
+    schedule_growth: float = 0.5
+    schedule_shrink: float = 0.5
+    schedule_batch: int = 500
+    schedule_max_queued: int = 10_000
+    schedule_lease_s: float = 10.0
     max_url_length: int = 2048
     seen_buckets: int = 16384
     producer_batch: int = 1000
+    defer_lead_s: float = 10.0
+    defer_batch: int = 500
+    defer_lease_s: float = 60.0
     routing_rules: str | None = None
     rate_limit: tuple[int, int] = (60, 60_000)
     rate_limit_overrides: tuple[tuple[str, tuple[int, int]], ...] = ()
@@ -89,12 +111,24 @@ class Settings:
     robots_enabled: bool = True
     robots_user_agent: str = "scrape-fleet"
     robots_ttl_s: int = 86400
+    robots_max_crawl_delay_s: float = 30.0
     cache_ttl_s: int = 60
     cache_max_bytes: int = 1024 * 1024
     max_retries: int = 3
     retry_base_s: float = 2.0
     retry_max_s: float = 300.0
     retry_after_max_s: float = 3600.0
+    throttle_block_start_s: float = 60.0
+    throttle_block_factor: float = 2.0
+    throttle_block_max_s: float = 86400.0
+    throttle_forgive_s: float = 1800.0
+    throttle_jitter: float = 0.1
+    throttle_decrease: float = 0.5
+    throttle_increase: float = 0.05
+    throttle_rate_floor: float = 0.05
+    throttle_slow_factor: float = 4.0
+    throttle_slow_min_s: float = 1.0
+    max_wait_s: float = 86400.0
     failures_ttl_s: int = 86400
     crawl_enabled: bool = False
     crawl_max_depth: int = 2
@@ -108,10 +142,20 @@ class Settings:
     log_format: str = "text"
 
     @property
+    def rabbitmq_urls(self) -> tuple[str, ...]:
+        """Every broker address: RABBITMQ_URLS, else RABBITMQ_URL (either may be a
+        comma-separated list), else the one URL built from the parts."""
+        listed = self.rabbitmq_urls_raw or self.rabbitmq_url_raw
+        if listed:
+            return tuple(listed.split(","))
+        return (self.rabbitmq_url,)
+
+    @property
     def rabbitmq_url(self) -> str:
-        """The AMQP URL, from RABBITMQ_URL or built from the parts."""
-        if self.rabbitmq_url_raw:
-            return self.rabbitmq_url_raw
+        """The (first) AMQP URL, from RABBITMQ_URLS/RABBITMQ_URL or built from the parts."""
+        listed = self.rabbitmq_urls_raw or self.rabbitmq_url_raw
+        if listed:
+            return listed.split(",")[0]
         auth = ""
         if self.rabbitmq_user is not None:
             auth = quote(self.rabbitmq_user, safe="")
@@ -149,7 +193,7 @@ class Settings:
             if knob.secret and value:
                 found.update((value, quote(value, safe="")))
             elif knob.url and value:
-                found.update(url_secrets(value))
+                found.update(url_list_secrets(value))
         return frozenset(found)
 
     @property

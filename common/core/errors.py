@@ -20,8 +20,22 @@ class ConfigError(FleetError):
     """A setting is missing or malformed. Raised at start-up; the message names the variable."""
 
 
+class TopologyMismatch(ConfigError):
+    """A queue exists with other arguments than QUEUE_TYPE asks for (PRECONDITION_FAILED): an
+    operator decision, never retried; the message says how to migrate."""
+
+
 class ServiceUnavailable(FleetError):
     """RabbitMQ or Redis cannot be reached after retrying with backoff."""
+
+
+class ReplicaTimeout(FleetError, redis.TimeoutError):
+    """Fewer replicas than REDIS_MIN_REPLICAS confirmed a result within REDIS_WAIT_TIMEOUT_MS.
+
+    The result is on the primary but not yet safe from a failover, so its delivery must not be
+    acked: a ``redis.TimeoutError`` (hence in :data:`REDIS_UNAVAILABLE`), it is held and
+    processed again like any Redis outage, and the URL's done mark keeps that to one result.
+    """
 
 
 class PublishError(FleetError):
@@ -61,7 +75,9 @@ AMQP_CONNECTION_LOST: tuple[type[BaseException], ...] = (
     pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError,
     pika.exceptions.StreamLostError, pika.exceptions.ConnectionWrongStateError)
 
-#: Redis cannot answer right now (down, loading, a read-only replica after a failover).
+#: Redis cannot answer right now (down, loading, a read-only replica after a failover; with
+#: Sentinel, no primary known yet: MasterNotFoundError, a ConnectionError; replicas behind:
+#: ReplicaTimeout, a TimeoutError).
 REDIS_UNAVAILABLE: tuple[type[BaseException], ...] = (
     redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.ReadOnlyError)
 

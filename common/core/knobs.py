@@ -16,6 +16,11 @@ from common.core.errors import ConfigError
 from common.core.redact import MASK, redact_url, scrub, url_secrets
 
 
+def url_list_secrets(value: str) -> set[str]:
+    """The passwords of a URL, or of each URL of a comma-separated list."""
+    return {secret for part in {value, *value.split(",")} for secret in url_secrets(part)}
+
+
 @dataclass(frozen=True)
 class Knob:
     """One environment variable: its name, parser, default and meaning."""
@@ -32,7 +37,8 @@ class Knob:
         """How a value of this knob may be shown (None stays None)."""
         if value is None or not (self.secret or self.url):
             return value
-        return MASK if self.secret else redact_url(value)
+        # A URL knob may hold a comma-separated list (RABBITMQ_URLS): each one redacted.
+        return MASK if self.secret else ",".join(redact_url(part) for part in value.split(","))
 
     def invalid(self, raw: str, exc: ValueError) -> ConfigError:
         """The error for a value that does not parse, naming the variable, never a secret."""
@@ -42,14 +48,23 @@ class Knob:
         text = str(exc)
         for form in (raw, repr(raw)[1:-1]):  # the parsers quote the value with !r
             text = text.replace(form, shown)
-        hidden = {raw} if self.secret else url_secrets(raw)
+        hidden = {raw} if self.secret else url_list_secrets(raw)
         text = scrub(text, hidden | {repr(s)[1:-1] for s in hidden})
         return ConfigError(f"{self.env}={shown!r} is invalid: {text}")
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("RABBITMQ_URL", "rabbitmq_url_raw", values.url_with_scheme("amqp", "amqps"), None,
-         "Full AMQP URL; when set it wins over the RABBITMQ_* parts.", url=True),
+    Knob("RABBITMQ_URL", "rabbitmq_url_raw", values.url_list("amqp", "amqps"), None,
+         "Full AMQP URL (or several, comma-separated: a cluster's nodes); when set it wins "
+         "over the RABBITMQ_* parts.", url=True),
+    Knob("RABBITMQ_URLS", "rabbitmq_urls_raw", values.url_list("amqp", "amqps"), None,
+         "AMQP URLs of a cluster's nodes, comma-separated; wins over RABBITMQ_URL. Every "
+         "process connects to a live one (random order) and moves to another when it dies.",
+         url=True),
+    Knob("QUEUE_TYPE", "queue_type", values.choice("classic", "quorum"), "classic",
+         "classic (one broker), or quorum: replicated queues for a RabbitMQ cluster, "
+         "at-least-once dead-lettering, a delivery limit (NOTES #40). Decided "
+         "at deployment: switching needs new queues."),
     Knob("RABBITMQ_HOST", "rabbitmq_host", values.text, "localhost", "Broker host."),
     Knob("RABBITMQ_PORT", "rabbitmq_port", values.port, "5672", "Broker AMQP port."),
     Knob("RABBITMQ_USER", "rabbitmq_user", values.text, None,
@@ -59,13 +74,30 @@ KNOBS: tuple[Knob, ...] = (
     Knob("RABBITMQ_VHOST", "rabbitmq_vhost", values.text, "/", "Broker virtual host."),
     Knob("RABBITMQ_HEARTBEAT_S", "rabbitmq_heartbeat_s", values.non_negative_int, "30",
          "AMQP heartbeat; fetches run off the I/O thread so long fetches never miss it."),
-    Knob("REDIS_URL", "redis_url_raw", values.url_with_scheme("redis", "rediss", "unix"), None,
-         "Full Redis URL; when set it wins over the REDIS_* parts.", url=True),
+    Knob("REDIS_URL", "redis_url_raw", values.redis_url, None,
+         "Full Redis URL; when set it wins over the REDIS_* parts. A Redis Cluster is "
+         "refused (use Sentinel).", url=True),
     Knob("REDIS_HOST", "redis_host", values.text, "localhost", "Redis host."),
     Knob("REDIS_PORT", "redis_port", values.port, "6379", "Redis port."),
     Knob("REDIS_DB", "redis_db", values.non_negative_int, "0", "Redis database number."),
     Knob("REDIS_PASSWORD", "redis_password", values.text, None, "Redis password (AUTH).",
          secret=True),
+    Knob("REDIS_SENTINELS", "redis_sentinels", values.host_ports, "",
+         "Sentinels host:port,... : every process finds the primary through them and follows "
+         "a failover (REDIS_URL then gives only the password, database and TLS). Empty: off."),
+    Knob("REDIS_SENTINEL_MASTER", "redis_sentinel_master", values.text, "mymaster",
+         "Name the sentinels monitor the primary under (`sentinel monitor NAME ...`)."),
+    Knob("REDIS_SENTINEL_PASSWORD", "redis_sentinel_password", values.text, None,
+         "Password of the sentinels themselves (their requirepass), if any.", secret=True),
+    Knob("REDIS_MIN_REPLICAS", "redis_min_replicas", values.non_negative_int, "0",
+         "A result counts as recorded (and its delivery is acked) only once this many replicas "
+         "have it (WAIT); 0: off, no extra wait."),
+    Knob("REDIS_WAIT_TIMEOUT_MS", "redis_wait_timeout_ms", values.positive_int, "1000",
+         "One WAIT for those replicas; a late one is waited for again (the delivery unacked)..."),
+    Knob("REDIS_WAIT_MAX_S", "redis_wait_max_s", values.non_negative_float, "300",
+         "...for this long in all; then the delivery is processed again and acked on the "
+         "primary's done mark. A demoted primary ends the wait at once: the page is redone on "
+         "the new one."),
     Knob("CONNECT_RETRY_S", "connect_retry_s", values.non_negative_float, "30",
          "How long to retry reaching RabbitMQ/Redis (exponential backoff) before giving up."),
     Knob("WORKER_ID", "worker_id", values.text, None,
@@ -108,6 +140,15 @@ KNOBS: tuple[Knob, ...] = (
          "Number of small Redis sets the seen-fingerprints are spread over (power of two)."),
     Knob("PRODUCER_BATCH", "producer_batch", values.positive_int, "1000",
          "URLs per dedupe pipeline and confirm batch in the producer."),
+    Knob("DEFER_LEAD_S", "defer_lead_s", values.non_negative_float, "10",
+         "Fairness across domains: the producer publishes a domain's URLs at most this long "
+         "before their turn at the domain's rate; the rest wait in Redis (deferred) and the "
+         "workers release them on time, so a huge domain cannot bury the others (0: off)."),
+    Knob("DEFER_BATCH", "defer_batch", values.positive_int, "500",
+         "Deferred URLs a worker's releaser moves into RabbitMQ per claim."),
+    Knob("DEFER_LEASE_S", "defer_lease_s", values.positive_float, "60",
+         "How long a releaser owns a claimed batch of deferred URLs; a batch whose releaser "
+         "died (kill -9) is claimed and published again after it."),
     Knob("ROUTING_RULES", "routing_rules", values.text, None,
          "JSON list of routing rules or @path to a JSON file (default: the prototype's rules)."),
     Knob("RATE_LIMIT", "rate_limit", values.rate, "60/minute",
@@ -122,6 +163,9 @@ KNOBS: tuple[Knob, ...] = (
          "Product token matched against robots.txt User-agent lines."),
     Knob("ROBOTS_TTL_S", "robots_ttl_s", values.positive_int, "86400",
          "How long a fetched robots.txt is cached in Redis."),
+    Knob("ROBOTS_MAX_CRAWL_DELAY_S", "robots_max_crawl_delay_s", values.positive_float, "30",
+         "Longest robots.txt Crawl-delay honoured (Bing's range ends at 30 s; Google ignores "
+         "the line); a longer one means one request per this many seconds."),
     Knob("CACHE_TTL_S", "cache_ttl_s", values.non_negative_int, "60",
          "Response cache TTL (content:{url}); 0 disables the cache."),
     Knob("CACHE_MAX_BYTES", "cache_max_bytes", values.positive_int, "1048576",
@@ -134,6 +178,36 @@ KNOBS: tuple[Knob, ...] = (
          "Longest backoff delay (Retry-After may ask for more, up to RETRY_AFTER_MAX_S)."),
     Knob("RETRY_AFTER_MAX_S", "retry_after_max_s", values.positive_float, "3600",
          "Longest Retry-After honoured; longer requests are capped."),
+    Knob("THROTTLE_BLOCK_START_S", "throttle_block_start_s", values.positive_float, "60",
+         "A 429 or 503 without Retry-After blocks its whole domain, fleet-wide, this long the "
+         "first time (with Retry-After: until then)..."),
+    Knob("THROTTLE_BLOCK_FACTOR", "throttle_block_factor", values.positive_float, "2",
+         "...times this for each new incident (answers to requests sent before the block "
+         "ended are the same incident)..."),
+    Knob("THROTTLE_BLOCK_MAX_S", "throttle_block_max_s", values.positive_float, "86400",
+         "...at most this long."),
+    Knob("THROTTLE_FORGIVE_S", "throttle_forgive_s", values.positive_float, "1800",
+         "A domain with no 429, 503, timeout or slow answer for this long is forgiven: its "
+         "block curve starts over and its configured rate is back."),
+    Knob("THROTTLE_JITTER", "throttle_jitter", values.fraction, "0.1",
+         "Up to this fraction is added at random to each block from the curve, so domains "
+         "blocked together do not come back together."),
+    Knob("THROTTLE_DECREASE", "throttle_decrease", values.fraction, "0.5",
+         "A timeout or a slow answer multiplies the domain's rate by this (once per round "
+         "of requests)..."),
+    Knob("THROTTLE_INCREASE", "throttle_increase", values.fraction, "0.05",
+         "...each healthy answer adds this fraction of its configured rate back, never above "
+         "the configured rate..."),
+    Knob("THROTTLE_RATE_FLOOR", "throttle_rate_floor", values.fraction, "0.05",
+         "...and never below this fraction of it."),
+    Knob("THROTTLE_SLOW_FACTOR", "throttle_slow_factor", values.positive_float, "4",
+         "An answer is slow when it took longer than this multiple of the domain's median "
+         "(over the worker's last 20 answers from it)..."),
+    Knob("THROTTLE_SLOW_MIN_S", "throttle_slow_min_s", values.non_negative_float, "1",
+         "...and longer than this."),
+    Knob("MAX_WAIT_S", "max_wait_s", values.non_negative_float, "86400",
+         "A URL whose turn (rate limit, blocked domain) would come later than this after it "
+         "was first parked is dead-lettered `waited_too_long` (0: no limit)."),
     Knob("FAILURES_TTL_S", "failures_ttl_s", values.positive_int, "86400",
          "Expiry of the failures:{url} retry counters."),
     Knob("CRAWL_ENABLED", "crawl_enabled", values.boolean, "false",
@@ -159,6 +233,18 @@ KNOBS: tuple[Knob, ...] = (
          "the rules; its `data` wins over theirs. Imported at worker start. Empty: none."),
     Knob("EXTRACTOR_TIMEOUT_S", "extractor_timeout_s", values.positive_float, "2",
          "An EXTRACTOR call taking longer has its output discarded (`extractor_slow`)."),
+    Knob("ARCHIVE", "archive", values.choice("none", "warc"), "none",
+         "warc: every fetched response (any status, not cache hits) is kept as it was "
+         "transferred, with its request, in gzip WARC 1.1 files under ARCHIVE_DIR; the result "
+         "names the file and offset (`archive`). none: pages are not kept."),
+    Knob("ARCHIVE_DIR", "archive_dir", values.text, "archive",
+         "Directory of the WARC files (one writer per worker; `NAME.warc.gz.open` while "
+         "written, `NAME.warc.gz` once closed)."),
+    Knob("ARCHIVE_MAX_BYTES", "archive_max_bytes", values.positive_int, "1073741824",
+         "A WARC file is closed and a new one started once it would pass this size."),
+    Knob("ARCHIVE_FSYNC", "archive_fsync", values.boolean, "false",
+         "fsync the WARC file before each result is stored (survives a power loss, not only "
+         "a killed worker), at the cost of a disk flush per page."),
     Knob("RECORD_MAX_LINKS", "record_max_links", values.non_negative_int, "1000",
          "Links kept in a result record (crawl mode still follows every link it extracted)."),
     Knob("REDIS_MEMORY_HIGH", "redis_memory_high", values.fraction, "0.9",
@@ -186,13 +272,32 @@ KNOBS: tuple[Knob, ...] = (
          url=True),
     Knob("POSTGRES_TABLE", "postgres_table", values.identifier, "crawl_results",
          "Table the postgres sink upserts into (one row per URL)."),
+    Knob("SCHEDULE_INTERVAL_S", "schedule_interval_s", values.positive_int, "86400",
+         "Recrawl interval a scheduled URL starts with when neither `scheduler.py add "
+         "--interval` nor its sitemap (changefreq, lastmod) says otherwise."),
+    Knob("SCHEDULE_MIN_INTERVAL_S", "schedule_min_interval_s", values.positive_int, "3600",
+         "Shortest recrawl interval: a page that changes at every visit converges to it."),
+    Knob("SCHEDULE_MAX_INTERVAL_S", "schedule_max_interval_s", values.positive_int, "1209600",
+         "Longest recrawl interval: a page that never changes converges to it (14 days)."),
+    Knob("SCHEDULE_GROWTH", "schedule_growth", values.fraction, "0.5",
+         "Unchanged (same content_hash, or 304): interval × (1 + this), up to the max."),
+    Knob("SCHEDULE_SHRINK", "schedule_shrink", values.fraction, "0.5",
+         "Changed: interval × (1 - this) + min × this, down to the min."),
+    Knob("SCHEDULE_BATCH", "schedule_batch", values.positive_int, "500",
+         "Due URLs the scheduler takes, publishes and reschedules at a time."),
+    Knob("SCHEDULE_MAX_QUEUED", "schedule_max_queued", values.positive_int, "10000",
+         "The scheduler publishes no batch while the work queues hold this many messages: due "
+         "URLs wait in the schedule, not in queues whose TTL would expire them."),
+    Knob("SCHEDULE_LEASE_S", "schedule_lease_s", values.positive_float, "10",
+         "The active scheduler's lease; a killed one is replaced within about 1.25 × this."),
     Knob("METRICS_PORT", "metrics_port", values.non_negative_int, "0",
          "Port of the worker's Prometheus /metrics endpoint (0: off; compose sets 9100)."),
     Knob("HEARTBEAT_INTERVAL_S", "heartbeat_interval_s", values.positive_float, "5",
          "How often a worker refreshes its workers:{id} key (TTL: 3 intervals)."),
-    Knob("RABBITMQ_MANAGEMENT_URL", "rabbitmq_management_url", values.url_with_scheme("http", "https"),
-         None, "Management API for the status view's unacked counts and rates "
-         "(default: http://RABBITMQ_HOST:15672 with the AMQP credentials; optional).", url=True),
+    Knob("RABBITMQ_MANAGEMENT_URL", "rabbitmq_management_url", values.url_list("http", "https"),
+         None, "Management API for the status view's unacked counts and rates, or several "
+         "comma-separated (a cluster: the first that answers) (default: port 15672 of each "
+         "broker address, with the AMQP credentials; optional).", url=True),
     Knob("LOG_LEVEL", "log_level", values.log_level, "INFO", "Logging level."),
     Knob("LOG_FORMAT", "log_format", values.log_format, "text",
          "text, or json for one JSON object a line."),

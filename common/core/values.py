@@ -144,8 +144,67 @@ def url_with_scheme(*schemes: str) -> Callable[[str], str]:
     return parse
 
 
+def url_list(*schemes: str) -> Callable[[str], str]:
+    """One URL or several separated by commas (a cluster's nodes), each checked as
+    :func:`url_with_scheme` does; the text is kept as given. A comma inside a password must be
+    percent-encoded (``%2C``)."""
+    one = url_with_scheme(*schemes)
+
+    def parse(raw: str) -> str:
+        parts = [part.strip() for part in raw.split(",")]
+        if not all(parts):
+            raise ValueError("an empty entry in the comma-separated list")
+        for part in parts:
+            one(part)
+        return ",".join(parts)
+
+    return parse
+
+
+def choice(*options: str) -> Callable[[str], str]:
+    """One of ``options`` (case-insensitive)."""
+
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {raw!r}")
+        return value
+
+    return parse
+
+
 def identifier(raw: str) -> str:
     """A plain SQL identifier (letters, digits, underscores; not starting with a digit)."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", raw):
         raise ValueError(f"expected a plain identifier (letters, digits, _), got {raw!r}")
     return raw
+
+
+def host_ports(raw: str) -> tuple[tuple[str, int], ...]:
+    """``"host:port,host:port"`` (``[::1]:26379`` for IPv6) → ((host, port), ...); empty: ()."""
+    pairs = []
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        parts = urlsplit(f"//{part}")
+        try:
+            number = parts.port
+        except ValueError:
+            number = None
+        if not parts.hostname or not number or parts.path or parts.username:
+            raise ValueError(f"expected host:port, got {part!r}")
+        pairs.append((parts.hostname, number))
+    return tuple(pairs)
+
+
+#: URL schemes of Redis Cluster clients. The fleet's Lua scripts touch keys in several hash
+#: slots, so they would fail on a cluster (CROSSSLOT): refused at start-up instead.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster", "redis-cluster", "rediss-cluster")
+CLUSTER_REFUSED = ("Redis Cluster is not supported: the fleet's Lua scripts touch keys in "
+                   "several hash slots (NOTES.md, Redis high availability); run one primary with "
+                   "replicas and Sentinel (REDIS_SENTINELS) instead")
+
+
+def redis_url(raw: str) -> str:
+    """REDIS_URL: a redis, rediss or unix URL; a cluster URL is refused with the reason."""
+    if urlsplit(raw).scheme.lower() in CLUSTER_SCHEMES:
+        raise ValueError(CLUSTER_REFUSED)
+    return url_with_scheme("redis", "rediss", "unix")(raw)

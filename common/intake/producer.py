@@ -11,6 +11,10 @@ a rare duplicate message (two producers, or a rerun, publishing the same URL in 
 moment), which the workers' done-set turns into exactly one result. A publish that is not
 confirmed (nack, unroutable, channel lost) is retried on a fresh connection, and a URL that
 never gets through is left unmarked and counted as failed.
+
+Fairness (common/intake/defer.py): before publishing, one more Lua call gives each URL its
+domain's next release slot; URLs due later than DEFER_LEAD_S are written to Redis instead
+(``deferred``), which counts as their confirm, and the workers' releasers publish them on time.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from common.broker.publisher import ConfirmingPublisher
 from common.core.backoff import reconnect_delay_s
 from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, InvalidURL, ServiceUnavailable
-from common.core.urls import Fingerprint, canonicalize, fingerprint
+from common.core.urls import Fingerprint, canonicalize, domain_of, fingerprint
+from common.intake.defer import Deferral, Pending
 from common.intake.routing import Router
 from common.store.dedupe import Claims, SeenSet
 from common.store.keys import COUNTERS
@@ -56,6 +61,7 @@ class ProduceSummary:
     invalid: int = 0
     failed: int = 0
     over_budget: int = 0
+    deferred: int = 0  #: of ``new``: waiting in Redis for their turn (common/intake/defer.py)
     per_queue: Counter[str] = field(default_factory=Counter)
 
     def merge(self, other: ProduceSummary) -> None:
@@ -65,6 +71,7 @@ class ProduceSummary:
         self.invalid += other.invalid
         self.failed += other.failed
         self.over_budget += other.over_budget
+        self.deferred += other.deferred
         self.per_queue.update(other.per_queue)
 
     def line(self) -> str:
@@ -75,6 +82,7 @@ class ProduceSummary:
     def as_dict(self) -> dict[str, Any]:
         return {"read": self.read, "new": self.new, "duplicate": self.duplicate,
                 "invalid": self.invalid, "failed": self.failed, "over_budget": self.over_budget,
+                "deferred": self.deferred,
                 "per_queue": {q: self.per_queue.get(q, 0) for q in topology.WORK_QUEUES}}
 
 
@@ -86,6 +94,13 @@ class _Accepted:
     ttl_ms: int | None
     depth: int
     nonce: str | None = None
+
+    def message(self) -> WorkMessage:
+        extra = {"nonce": self.nonce} if self.nonce else {}
+        return WorkMessage(url=self.url, depth=self.depth, fp=self.fp.hex, extra=extra)
+
+    def pending(self) -> Pending:
+        return Pending(domain_of(self.url), self.queue, self.ttl_ms, self.message().to_json())
 
 
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -102,6 +117,7 @@ class Producer:
         self.settings = settings
         self.seen = SeenSet(redis_client, settings.seen_buckets)
         self.claims = Claims(redis_client)
+        self.deferral = Deferral(settings, redis_client)
         self.router = router or Router.from_setting(settings.routing_rules)
         self._connection: pika.BlockingConnection | None = None
         self._publisher: ConfirmingPublisher | None = None
@@ -125,7 +141,7 @@ class Producer:
     def _ensure_publisher(self) -> ConfirmingPublisher:
         if self._publisher is None:
             self._connection = connect_rabbitmq(self.settings)
-            topology.declare(self._connection.channel())
+            topology.declare(self._connection.channel(), self.settings.queue_type)
             self._publisher = ConfirmingPublisher(self._connection)
         return self._publisher
 
@@ -192,12 +208,15 @@ class Producer:
         summary.invalid = len(invalid)
         for raw, reason in invalid:
             logger.warning("invalid URL %r: %s", raw[:200], reason)
-        published, failed = self._publish_with_retries(accepted, invalid)
+        deferred = self._defer(accepted)
+        published, failed = self._publish_with_retries(
+            [item for item in accepted if id(item) not in deferred], invalid)
         try:
-            # Marked seen only once confirmed: a producer killed before this line leaves the
-            # URLs unmarked, and running the same input again publishes them again (a message
-            # that did get through before the kill ends as "already done" at the worker).
-            self._mark_seen([item.fp for item in published], claimed=claim_token is not None)
+            # Marked seen only once confirmed (or deferred): a producer killed before this line
+            # leaves the URLs unmarked, and running the same input again publishes them again
+            # (a message that did get through before the kill ends "already done" at the worker).
+            self._mark_seen([item.fp for item in (*deferred.values(), *published)],
+                            claimed=claim_token is not None)
             if invalid:
                 # Counted like the workers' dead letters, so the status view sees them too.
                 self.seen.client.hincrby(COUNTERS, f"dead_lettered:{InvalidURL.reason}",
@@ -206,13 +225,24 @@ class Producer:
             raise ServiceUnavailable(f"Redis failed after publishing {len(published)} URLs "
                                      f"(they are queued; a rerun publishes them again and the "
                                      f"workers record each once): {exc}") from None
-        summary.new = len(published)
+        summary.new = len(published) + len(deferred)
+        summary.deferred = len(deferred)
         summary.failed = len(failed)
-        for item in published:
+        for item in (*deferred.values(), *published):
             summary.per_queue[item.queue] += 1
         for item in failed:
             logger.error("not published (not marked seen): %s", item.url)
         return summary
+
+    def _defer(self, accepted: list[_Accepted]) -> dict[int, _Accepted]:
+        """The accepted URLs now waiting in Redis for their turn (by ``id``)."""
+        if not (self.deferral.enabled and accepted):
+            return {}
+        try:
+            later = self.deferral.defer([item.pending() for item in accepted])
+        except redis.RedisError as exc:
+            raise ServiceUnavailable(f"Redis failed while deferring: {exc}") from None
+        return {id(item): item for item, wait in zip(accepted, later, strict=True) if wait}
 
     def _unseen(self, candidates: list[tuple[str, Fingerprint]], recrawl: bool,
                 claim_token: str | None) -> list[bool]:
@@ -270,9 +300,7 @@ class Producer:
 
     def _publish_one(self, publisher: ConfirmingPublisher, item: Any) -> None:
         if isinstance(item, _Accepted):
-            extra = {"nonce": item.nonce} if item.nonce else {}
-            message = WorkMessage(url=item.url, depth=item.depth, fp=item.fp.hex, extra=extra)
-            publisher.publish("", item.queue, message.to_json(), token=item,
+            publisher.publish("", item.queue, item.message().to_json(), token=item,
                               expiration_ms=item.ttl_ms)
             return
         raw, reason = item

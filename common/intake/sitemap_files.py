@@ -55,6 +55,7 @@ class Entry:
 
     url: str
     lastmod: datetime | None = None
+    changefreq: str | None = None  # a urlset's <changefreq> (always, hourly ... never)
 
 
 @dataclass
@@ -250,7 +251,7 @@ class _XmlReader:
         lastmod = next((parse_date(fields[name]) for name in fmt.dates if name in fields), None)
         if not raw[:8].lower().startswith(("http://", "https://")):
             raw = urljoin(self.url, raw)  # relative (not allowed by the protocol, but seen)
-        entries.append(Entry(raw, lastmod))
+        entries.append(Entry(raw, lastmod, fields.get("changefreq", "").strip().lower() or None))
         return False
 
 
@@ -261,7 +262,7 @@ def _read_field(fields: dict[str, str], elem: Any, fmt: _Format) -> None:
         return
     qname = etree.QName(elem.tag)
     name = qname.localname
-    if name in fmt.dates:
+    if name in fmt.dates or name == "changefreq":
         fields.setdefault(name, elem.text or "")
     elif fmt.kind == "atom":
         if name == "link" and elem.get("rel", "alternate") == "alternate":
@@ -334,9 +335,7 @@ def _parse_text(chunks: Iterator[bytes], url: str) -> Sitemap:
 
 def _take_text_line(result: Sitemap, line: bytes) -> bool:
     """Add one text-sitemap line; True once the entry cap is reached."""
-    if line.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark on the first line
-        line = line[3:]
-    text = line.strip().decode("utf-8", errors="replace")
+    text = line.removeprefix(b"\xef\xbb\xbf").strip().decode("utf-8", errors="replace")  # BOM
     if not text:
         return False
     if len(result.pages) >= MAX_URLS_PER_SITEMAP:

@@ -44,6 +44,7 @@ from common.intake.producer import Producer, ProduceSummary
 from common.intake.sitemap_files import (
     MAX_SITEMAP_BYTES,
     MAX_URLS_PER_SITEMAP,
+    Entry,
     Sitemap,
     SitemapError,
     parse_sitemap,
@@ -202,7 +203,8 @@ def start_sitemaps(target: str, reader: SitemapReader) -> tuple[list[str], bool]
 def produce_site(target: str, reader: SitemapReader, producer: Producer, *,
                  since: datetime | None = None, max_urls: int | None = None,
                  force_priority: bool = False,
-                 on_progress: Callable[[SiteReport], None] | None = None) -> SiteReport:
+                 on_progress: Callable[[SiteReport], None] | None = None,
+                 on_entries: Callable[[list[Entry]], None] | None = None) -> SiteReport:
     """Read every sitemap reachable from ``target`` and submit their URLs to ``producer``.
 
     Each sitemap's URLs are submitted as soon as that file has parsed (memory stays at one
@@ -212,6 +214,7 @@ def produce_site(target: str, reader: SitemapReader, producer: Producer, *,
         target: a site root (discovery through robots.txt) or a sitemap URL.
         since: keep entries dated at or after this, and undated ones.
         max_urls: stop once this many URLs of this site were submitted.
+        on_entries: called with each sitemap's submitted entries (the scheduler's hook).
 
     Raises:
         ServiceUnavailable: RabbitMQ or Redis failed.
@@ -249,7 +252,7 @@ def produce_site(target: str, reader: SitemapReader, producer: Producer, *,
             continue
         report.sitemaps += 1
         _follow(report, sitemap, depth, since, stack)
-        _submit(report, sitemap, producer, since, max_urls, force_priority)
+        _submit(report, sitemap, producer, since, max_urls, force_priority, on_entries)
         if on_progress is not None:
             on_progress(report)
     return report
@@ -278,14 +281,18 @@ def _follow(report: SiteReport, sitemap: Sitemap, depth: int, since: datetime | 
 
 
 def _submit(report: SiteReport, sitemap: Sitemap, producer: Producer, since: datetime | None,
-            max_urls: int | None, force_priority: bool) -> None:
-    urls = []
+            max_urls: int | None, force_priority: bool,
+            on_entries: Callable[[list[Entry]], None] | None = None) -> None:
+    entries = []
     for entry in sitemap.pages:
         if since is not None and entry.lastmod is not None and entry.lastmod < since:
             report.filtered += 1
         else:
-            urls.append(entry.url)
+            entries.append(entry)
     if max_urls is not None:
-        urls = urls[:max(0, max_urls - report.summary.read)]
-    if urls:
-        report.summary.merge(producer.submit(urls, force_priority=force_priority))
+        entries = entries[:max(0, max_urls - report.summary.read)]
+    if entries:
+        report.summary.merge(producer.submit([e.url for e in entries],
+                                             force_priority=force_priority))
+        if on_entries is not None:
+            on_entries(entries)

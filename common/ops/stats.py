@@ -2,8 +2,8 @@
 
 Sources: queue depths by passive declares (always) and, when the management API answers,
 unacked counts and rates per queue; Redis for everything else — counters (stats:counters),
-the results stream (pages/s over the last minute from stream ids, which are ms timestamps),
-the rate-limit logs (requests per domain in the current window), worker heartbeats, and
+the crawl's progress (done / total known, pages/s, outcomes/s and an ETA:
+common/ops/crawl_progress.py), the rate-limit logs (requests per domain in the current window), worker heartbeats, and
 backpressure: Redis memory against maxmemory and the sinks' backlog against the watermarks
 (common/store/backlog.py, common/work/pressure.py), which workers are paused and why, and a
 plain warning when results are being dropped (no sink registered and the ``results`` stream at
@@ -25,9 +25,12 @@ from rich.table import Table
 
 from common.broker import topology
 from common.core.config import Settings
+from common.intake.defer import deferred_status
+from common.ops import crawl_progress
+from common.ops.crawl_progress import RateHistory
 from common.store.backlog import read_fill
 from common.store.dedupe import SeenSet
-from common.store.keys import COUNTERS, RESULTS_STREAM
+from common.store.keys import COUNTERS, DONE_PREFIX, RESULTS_STREAM
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter
 from common.work.heartbeat import alive_workers
@@ -35,39 +38,36 @@ from common.work.pressure import BACKLOG, ERRORS, MEMORY
 
 logger = logging.getLogger(__name__)
 
-WINDOW_S = 60
 #: "At the cap": the stream is capped with an approximate MAXLEN, so it hovers around it.
 DROPPING_AT = 0.9
 
 
-#: Entries read per XRANGE page when counting: the reply (and Redis's output buffer for it)
-#: stays small however many results the last minute holds.
-_COUNT_PAGE = 200
-
-
-def _count_since(client: redis.Redis, stream: str, since_ms: int) -> int:
-    """How many entries ``stream`` got since ``since_ms``, read a page at a time."""
-    count, start = 0, str(since_ms)
-    while True:
-        page = client.xrange(stream, min=start, max="+", count=_COUNT_PAGE)
-        count += len(page)
-        if len(page) < _COUNT_PAGE:
-            return count
-        last = page[-1][0]
-        start = "(" + (last.decode() if isinstance(last, bytes) else last)
-
-
 def _management(settings: Settings) -> tuple[str, tuple[str, str]] | None:
-    """Management API base URL and credentials, derived from the AMQP URL when not set."""
+    """Management API base URL and credentials: RABBITMQ_MANAGEMENT_URL (a list: a cluster's
+    nodes), else port 15672 of each broker address. With several, the first that answers
+    /api/overview (any node serves the whole cluster's figures); None when none does."""
     amqp = pika.URLParameters(settings.rabbitmq_url)
     creds = (amqp.credentials.username, amqp.credentials.password)
-    if settings.rabbitmq_management_url:
-        parts = urlsplit(settings.rabbitmq_management_url)
-        if parts.username:
-            creds = (unquote(parts.username), unquote(parts.password or ""))
-        base = f"{parts.scheme}://{parts.hostname}:{parts.port or 15672}"
-        return base, creds
-    return f"http://{amqp.host}:15672", creds
+    candidates = []
+    for url in (settings.rabbitmq_management_url or "").split(","):
+        if url:
+            parts = urlsplit(url)
+            found = ((unquote(parts.username), unquote(parts.password or "")) if parts.username
+                     else creds)
+            candidates.append((f"{parts.scheme}://{parts.hostname}:{parts.port or 15672}",
+                               found))
+    if not candidates:
+        hosts = dict.fromkeys(pika.URLParameters(url).host for url in settings.rabbitmq_urls)
+        candidates = [(f"http://{host}:15672", creds) for host in hosts]
+    if len(candidates) == 1:
+        return candidates[0]
+    for base, auth in candidates:
+        try:
+            requests.get(f"{base}/api/overview", auth=auth, timeout=2).raise_for_status()
+            return base, auth
+        except requests.RequestException as exc:
+            logger.debug("management API at %s unavailable (%s); trying the next", base, exc)
+    return None
 
 
 def _management_queues(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -89,11 +89,15 @@ def _rate(details: dict[str, Any] | None) -> float:
     return round(float((details or {}).get("rate", 0.0)), 2)
 
 
-def collect(settings: Settings, connection: pika.BlockingConnection,
-            client: redis.Redis) -> dict[str, Any]:
-    """One snapshot of the fleet, as a JSON-ready dict."""
+def collect(settings: Settings, connection: pika.BlockingConnection, client: redis.Redis,
+            history: RateHistory | None = None) -> dict[str, Any]:
+    """One snapshot of the fleet, as a JSON-ready dict (``history``: the watch loop's rate
+    readings, common/ops/crawl_progress.py)."""
+    # Done before what is left: a URL finishing in between is then counted in neither, not
+    # in both, so done + to do stays within the URLs known.
+    done = SeenSet(client, settings.seen_buckets, DONE_PREFIX).count()
     channel = connection.channel()
-    topology.declare(channel)
+    topology.declare(channel, settings.queue_type)
     managed = _management_queues(settings)
     queues: dict[str, dict[str, Any]] = {}
     delayed = 0
@@ -114,14 +118,19 @@ def collect(settings: Settings, connection: pika.BlockingConnection,
 
     counters = {k.decode(): int(v) for k, v in client.hgetall(COUNTERS).items()}
     hits, misses = counters.get("cache_hits", 0), counters.get("cache_misses", 0)
-    seconds, micros = client.time()
-    now_ms = seconds * 1000 + micros // 1000
-    recent = _count_since(client, RESULTS_STREAM, now_ms - WINDOW_S * 1000)
     workers = alive_workers(client)
     for worker in workers:
         age = round(max(0.0, time.time() - worker.get("beat", time.time())), 1)
         worker["beat_age_s"] = age
         worker["stale"] = age > 2 * worker.get("interval_s", 5)
+    seen = SeenSet(client, settings.seen_buckets).count()
+    unacked = [queues[name]["unacked"] for name in topology.WORK_QUEUES]
+    in_flight = (sum(unacked) if None not in unacked
+                 else sum(w.get("in_flight", 0) for w in workers))
+    deferred = deferred_status(client)  # waiting in Redis for their turn: to do as well
+    progress = crawl_progress.measure(
+        client, seen=seen, done=done, history=history, to_do=deferred["total"]
+        + sum(queues[name]["ready"] for name in topology.WORK_QUEUES) + delayed + in_flight)
     return {
         "queues": queues,
         "delayed": delayed,
@@ -130,15 +139,18 @@ def collect(settings: Settings, connection: pika.BlockingConnection,
                                     if k.startswith("dead_lettered:")},
         "expired": counters.get("expired", 0),
         "expired_waiting": queues[topology.EXPIRED_QUEUE]["ready"],
-        "seen": SeenSet(client, settings.seen_buckets).count(),
+        "seen": seen,
         "results": ResultStore(client, settings.results_maxlen).count(),
-        "pages_per_s_last_minute": round(recent / WINDOW_S, 2),
+        "pages_per_s_last_minute": progress["pages_per_s"],
+        "progress": progress,
         "cache": {"hits": hits, "misses": misses,
                   "hit_ratio": round(hits / (hits + misses), 3) if hits + misses else None},
         "robots_blocked": counters.get("robots_blocked", 0),
         "rate_limited": counters.get("rate_limited", 0),
         "retries": counters.get("retries", 0),
-        "domains": _domain_rates(settings, client, now_ms),
+        "domains": _domain_rates(settings, client, crawl_progress.redis_now_ms(client)),
+        "throttled": RateLimiter(client, settings).throttled(),
+        "deferred": deferred,
         "workers": workers,
         "pressure": _pressure(settings, client, workers),
         "counters": counters,
@@ -226,6 +238,23 @@ def _domain_rates(settings: Settings, client: redis.Redis, now_ms: int) -> list[
     return sorted(rows, key=lambda r: (-r["requests_in_window"], r["domain"]))[:50]
 
 
+def _throttle_lines(snapshot: dict[str, Any]) -> list[str]:
+    """Each throttled domain (common/web/throttle.py): its rate or block, and why."""
+    return [f"  throttled {row['domain']}: {row['text']}"
+            for row in snapshot.get("throttled", [])[:15]]
+
+
+def _deferred_lines(snapshot: dict[str, Any]) -> list[str]:
+    """URLs deferred in Redis (fairness, common/intake/defer.py), largest domains first."""
+    deferred = snapshot.get("deferred") or {}
+    if not deferred.get("total"):
+        return []
+    return [f"deferred: {deferred['total']:,} URLs wait in Redis for their turn "
+            f"({deferred['releasing']:,} being released)"] + [
+        f"  deferred {row['domain']}: {row['deferred']:,}, through in "
+        f"{crawl_progress.format_duration(row['through_in_s'])}" for row in deferred["domains"]]
+
+
 def render(snapshot: dict[str, Any]) -> str:
     """A short plain-text table."""
     lines = [f"{'queue':<16}{'ready':>10}{'unacked':>9}{'consumers':>11}{'in/s':>8}{'out/s':>8}"]
@@ -236,6 +265,7 @@ def render(snapshot: dict[str, Any]) -> str:
     lines.append(f"seen URLs: {snapshot['seen']}   results: {snapshot['results']}   "
                  f"pages/s (1 min): {snapshot['pages_per_s_last_minute']}   "
                  f"delayed: {snapshot['delayed']}")
+    lines.append(crawl_progress.progress_line(snapshot["progress"]))
     lines.append(f"dead-lettered: {snapshot['dead_lettered']} "
                  f"{snapshot['dead_lettered_by_reason'] or ''}  expired: {snapshot['expired']}  "
                  f"robots-blocked: {snapshot['robots_blocked']}  retries: {snapshot['retries']}")
@@ -246,6 +276,8 @@ def render(snapshot: dict[str, Any]) -> str:
     for row in snapshot["domains"][:10]:
         lines.append(f"  {row['domain']}: {row['requests_in_window']}/{row['limit']} "
                      f"per {row['window_s']:g}s")
+    lines += _throttle_lines(snapshot)
+    lines += _deferred_lines(snapshot)
     workers = snapshot["workers"]
     lines.append(f"workers alive: {len(workers)}")
     for w in workers:
@@ -268,7 +300,9 @@ def render_rich(snapshot: dict[str, Any]) -> Group:
     summary = Table(title="fleet", expand=True, show_header=False)
     summary.add_column("what")
     summary.add_column("value", justify="right")
+    progress = snapshot["progress"]
     for label, value in (
+            ("progress", crawl_progress.progress_line(progress).split(": ", 1)[1]),
             ("pages/s (last minute)", snapshot["pages_per_s_last_minute"]),
             ("results", snapshot["results"]), ("seen URLs", snapshot["seen"]),
             ("cache hit ratio", _dash(cache["hit_ratio"])),
@@ -284,6 +318,8 @@ def render_rich(snapshot: dict[str, Any]) -> Group:
     for row in snapshot["domains"][:15]:
         domains.add_row(row["domain"],
                         f"{row['requests_in_window']} / {row['limit']} per {row['window_s']:g}s")
+    for line in _throttle_lines(snapshot):
+        domains.add_row(*line.strip().split(": ", 1))
     workers = Table(title=f"workers alive: {len(snapshot['workers'])}", expand=True)
     for column in ("id", "host", "state", "processed", "in flight", "current"):
         workers.add_column(column)
@@ -302,7 +338,9 @@ def watch(settings: Settings, connection: pika.BlockingConnection, client: redis
     """Refresh the rich view until Ctrl-C."""
     from rich.live import Live
 
-    with Live(render_rich(collect(settings, connection, client)), refresh_per_second=4) as live:
+    history = RateHistory()
+    with Live(render_rich(collect(settings, connection, client, history)),
+              refresh_per_second=4) as live:
         while True:
             time.sleep(interval_s)
-            live.update(render_rich(collect(settings, connection, client)))
+            live.update(render_rich(collect(settings, connection, client, history)))

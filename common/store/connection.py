@@ -1,33 +1,138 @@
-"""The Redis client every process uses: PING answered, retried with the reconnect policy."""
+"""The Redis client every process uses: one factory, PING answered, retried with the reconnect
+policy.
+
+Without Sentinel it is a plain client of REDIS_URL (or the REDIS_* parts). With
+REDIS_SENTINELS it is redis-py's Sentinel client of the primary named REDIS_SENTINEL_MASTER:
+each new connection asks the sentinels where the primary is, so after a failover the next
+command reaches the promoted replica. What a failover looks like to the callers — the old
+primary gone (ConnectionError), no primary agreed on yet (MasterNotFoundError, a
+ConnectionError), a demoted primary answering READONLY (turned into a ConnectionError by
+redis-py's Sentinel connection) — is all in :data:`~common.core.errors.REDIS_UNAVAILABLE`, so
+the callers' existing hold-and-retry covers it. Registered Lua scripts survive a failover:
+redis-py's Script loads its script again on NOSCRIPT.
+
+A Redis Cluster node is refused at connect: the fleet's scripts touch keys in several hash
+slots (NOTES.md, Redis high availability).
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
+from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from common.core.backoff import keep_trying
 from common.core.config import Settings
-from common.core.errors import REDIS_UNAVAILABLE, ServiceUnavailable
+from common.core.errors import REDIS_UNAVAILABLE, ConfigError, ServiceUnavailable
+from common.core.values import CLUSTER_REFUSED
+
+logger = logging.getLogger(__name__)
+
+#: Every client's socket options. A command's bound is socket_timeout (fetch_threads.py).
+CLIENT_OPTIONS: dict[str, Any] = {"socket_timeout": 10, "socket_connect_timeout": 5,
+                                  "health_check_interval": 30}
+#: Asking a sentinel is quick or useless: a silent one is skipped for the next at once
+#: (redis-py's default would retry it 10 times with backoff first).
+SENTINEL_TIMEOUT_S = 1.0
 
 
-def connect_redis(settings: Settings, **kwargs: Any) -> redis.Redis:
+class FleetRedis(redis.Redis):
+    """A ``redis.Redis`` that also carries the deployment's durability rule, so every store
+    built on the client obeys it: a result counts as recorded once ``min_replicas`` replicas
+    confirmed it (0: no WAIT), each WAIT ``wait_timeout_ms``, ``wait_max_s`` in all
+    (common/store/results.py)."""
+
+    min_replicas: int = 0
+    wait_timeout_ms: int = 0
+    wait_max_s: float = 0.0
+
+
+def redis_client(settings: Settings, **kwargs: Any) -> FleetRedis:
+    """The client ``settings`` describe, not connected yet (:func:`connect_redis` checks it).
+
+    Raises:
+        ConfigError: REDIS_SENTINELS with a ``unix://`` REDIS_URL.
+    """
+    options = {**CLIENT_OPTIONS, **kwargs}
+    client: FleetRedis
+    if not settings.redis_sentinels:
+        client = FleetRedis.from_url(settings.redis_url, **options)
+    else:
+        sentinel = Sentinel(list(settings.redis_sentinels), sentinel_kwargs={
+            "password": settings.redis_sentinel_password, "socket_timeout": SENTINEL_TIMEOUT_S,
+            "socket_connect_timeout": SENTINEL_TIMEOUT_S, "retry": Retry(NoBackoff(), 0)})
+        client = sentinel.master_for(settings.redis_sentinel_master, redis_class=FleetRedis,
+                                     **{**_primary_options(settings.redis_url), **options})
+    client.min_replicas = settings.redis_min_replicas
+    client.wait_timeout_ms = settings.redis_wait_timeout_ms
+    client.wait_max_s = settings.redis_wait_max_s
+    return client
+
+
+def _primary_options(url: str) -> dict[str, Any]:
+    """What REDIS_URL still says when the sentinels give the address: the password, user,
+    database and TLS."""
+    options = parse_url(url)
+    connection_class = options.pop("connection_class", None)
+    if connection_class is UnixDomainSocketConnection:
+        raise ConfigError("REDIS_SENTINELS: REDIS_URL must be a redis:// or rediss:// URL "
+                          "(its host is replaced by the primary the sentinels name), not unix://")
+    for address in ("host", "port", "path"):
+        options.pop(address, None)
+    if connection_class is SSLConnection:
+        options["ssl"] = True
+    return options
+
+
+def describe(settings: Settings) -> str:
+    """Where Redis is looked for, for messages (never a password)."""
+    if settings.redis_sentinels:
+        sentinels = ",".join(f"{host}:{port}" for host, port in settings.redis_sentinels)
+        return f"primary {settings.redis_sentinel_master!r} of Sentinel {sentinels}"
+    client_kwargs = parse_url(settings.redis_url)
+    return str(client_kwargs.get("host") or client_kwargs.get("path") or "redis")
+
+
+def connect_redis(settings: Settings, **kwargs: Any) -> FleetRedis:
     """A Redis client that has answered PING, retried with backoff.
 
     Raises:
-        ServiceUnavailable: Redis refused our password or stayed unreachable.
+        ServiceUnavailable: Redis (or the sentinels) refused our password or stayed
+            unreachable.
+        ConfigError: the server is a Redis Cluster node.
     """
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
-                                  socket_connect_timeout=5, health_check_interval=30, **kwargs)
-    where = client.connection_pool.connection_kwargs.get("host", "redis")
+    client = redis_client(settings, **kwargs)
+    where = describe(settings)
 
-    def connect() -> redis.Redis:
+    def connect() -> FleetRedis:
         try:
             client.ping()
         except redis.AuthenticationError as exc:
             raise ServiceUnavailable(f"Redis at {where} refused the login: {exc}; "
                                      "check REDIS_PASSWORD") from None
+        except MasterNotFoundError as exc:
+            if "AuthenticationError" in str(exc):
+                raise ServiceUnavailable(f"the sentinels refused the login ({where}); check "
+                                         "REDIS_SENTINEL_PASSWORD") from None
+            raise
+        if _cluster_enabled(client):
+            raise ConfigError(f"Redis at {where} is a Redis Cluster node. {CLUSTER_REFUSED}")
         return client
 
     return keep_trying(connect, timeout_s=settings.connect_retry_s, retry_on=REDIS_UNAVAILABLE,
                        service="Redis", where=where)
+
+
+def _cluster_enabled(client: redis.Redis) -> bool:
+    """INFO's ``cluster_enabled``; a server that will not say (INFO not allowed) is taken as a
+    single node: the first multi-key script would then fail with CROSSSLOT."""
+    try:
+        return bool(int(client.info("cluster").get("cluster_enabled", 0)))
+    except redis.ResponseError as exc:
+        logger.warning("Redis would not answer INFO cluster (%s); assuming a single node", exc)
+        return False

@@ -19,11 +19,18 @@
                              ``sink:{name}``); SREM and XGROUP DESTROY to retire one.
     stats:counters           HASH of fleet-wide counters (HINCRBY): cache_hits, cache_misses,
                              expired, released, retries, robots_blocked, rate_limited,
+                             replica_waits (a repeated WAIT for REDIS_MIN_REPLICAS),
                              dead_lettered:{reason}.
     content:{url}            STRING, the response cache: zstd-compressed header + body of a
                              200 response, PX CACHE_TTL_S.
     ratelimit:{domain}       ZSET, sliding log of permits (score = Redis ms clock), PX window.
     ratelimit:{domain}:next  STRING, the domain's next bookable slot (ms), PX.
+    throttle:{domain}        HASH, the domain's adaptive throttle (common/web/throttle.py):
+                             level, until (block end, ms), rate (fraction of the configured
+                             rate), cut_at, last_bad, since (ms), status, reason; PX the block
+                             left + THROTTLE_FORGIVE_S, so a quiet domain is forgiven by itself.
+    throttled                ZSET of the domains with a throttle state (score: when it expires,
+                             ms), for the status view; trimmed by the throttle script.
     failures:{url}           STRING counter of failed attempts, EX FAILURES_TTL_S.
     robots:{origin}          STRING, JSON {status, body, fetched_at} of the origin's robots.txt,
                              EX ROBOTS_TTL_S (shorter for an unavailable one).
@@ -39,6 +46,27 @@
                              after a crash, takes it over. Deleted once the URL is seen.
     crawl:pages:{domain}     STRING counter of pages crawl mode enqueued for the domain
                              (budget CRAWL_MAX_PAGES_PER_DOMAIN), no expiry: DEL to reset.
+    deferred                 ZSET of deferred work messages (fairness, common/intake/defer.py):
+                             member = "{domain} {queue} {ttl_ms or -}" newline the message body,
+                             score = when a releaser publishes it (its turn at the domain's rate
+                             minus DEFER_LEAD_S, Redis ms clock).
+    deferred:inflight        ZSET, the same members claimed by a worker's releaser, score = the
+                             claim's lease end (ms); removed once their publish is confirmed,
+                             claimed again by any releaser once the lease ran out (kill -9).
+    deferred:counts          HASH domain -> deferred URLs (both ZSETs), for the status view.
+    deferred:next:{domain}   STRING, the domain's next free release slot (ms, Redis clock),
+                             advanced by one spacing of its rate per URL; PX until it is past.
+    schedule:due             ZSET, the recrawl schedule: member = canonical URL, score = its
+                             next visit (Redis ms clock). The active scheduler moves due members
+                             to schedule:inflight in the script that checks its lease.
+    schedule:inflight        HASH url -> "token:due_ms:taken_ms": URLs taken by the scheduler
+                             holding fencing token ``token``, not yet published and rescheduled.
+                             A newer leader takes over an older token's entries a lease old.
+    schedule:state           HASH url -> JSON {i: interval s, h: last content_hash, id: last
+                             results id learned, v: visits learned, c: changes seen}.
+    schedule:lease           STRING "token:owner", SET NX PX SCHEDULE_LEASE_S by the one active
+                             scheduler replica, renewed while it runs, DEL on a clean stop.
+    schedule:fence           STRING counter (INCR): the fencing token of each new lease.
 
 ``{url}`` is the canonical URL; ``{origin}`` is scheme://host[:port]; ``{domain}`` the host.
 """
@@ -75,6 +103,13 @@ def rate_slot_key(domain: str) -> str:
     return f"ratelimit:{domain}:next"
 
 
+THROTTLED = "throttled"
+
+
+def throttle_key(domain: str) -> str:
+    return f"throttle:{domain}"
+
+
 def failures_key(url: str) -> str:
     return f"failures:{url}"
 
@@ -95,6 +130,20 @@ def crawl_pages_key(domain: str) -> str:
     return f"crawl:pages:{domain}"
 
 
+DEFERRED = "deferred"
+DEFERRED_INFLIGHT = "deferred:inflight"
+DEFERRED_COUNTS = "deferred:counts"
+
+
+def deferred_next_key(domain: str) -> str:
+    return f"deferred:next:{domain}"
+
+
+SCHEDULE_DUE = "schedule:due"
+SCHEDULE_INFLIGHT = "schedule:inflight"
+SCHEDULE_STATE = "schedule:state"
+SCHEDULE_LEASE = "schedule:lease"
+SCHEDULE_FENCE = "schedule:fence"
 WORKERS_PREFIX = "workers:"
 
 

@@ -11,17 +11,32 @@ URL's final outcome is in one of the two streams. With no result sink registered
 both are capped with an approximate MAXLEN (``RESULTS_MAXLEN``) so they cannot grow without
 bound; with sinks, the sinks trim them below what every sink has acknowledged. Readers use
 XRANGE / XREAD from an id.
+
+With REDIS_MIN_REPLICAS > 0 (carried by the client, :class:`~common.store.connection.FleetRedis`)
+a result counts as recorded only once that many replicas have it: ``WAIT`` is pipelined behind
+the script (the same one round trip, plus the replicas' confirmation). When they are late the
+call waits again (a counter write, then WAIT, so any connection's WAIT covers the result) for up
+to REDIS_WAIT_MAX_S, and the delivery stays unacked meanwhile: a second pass would find the done
+mark this script set and ack on it, unconfirmed. A primary that loses its replicas because
+another was promoted (a split brain) is demoted by Sentinel, which closes our connection: the
+error ends the wait, and the page is done again on the new primary, where that done mark never
+arrived. Past REDIS_WAIT_MAX_S, :class:`~common.core.errors.ReplicaTimeout` (a Redis outage to
+the caller). A failure record (written on the worker's I/O thread) gets one WAIT only.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import redis
 
+from common.core.errors import ReplicaTimeout
+from common.store.connection import FleetRedis
 from common.store.keys import (
     COUNTERS,
     FAILURES_STREAM,
@@ -31,6 +46,10 @@ from common.store.keys import (
     failures_key,
 )
 from common.store.marks import DoneMark, Retime
+
+logger = logging.getLogger(__name__)
+#: The counter each repeated WAIT bumps: a write of this connection for WAIT to count.
+REPLICA_WAITS = "replica_waits"
 
 # One script, one round trip, for everything a fetched page leaves in Redis.
 # KEYS[1] done:{b} ('' = no once-only check)  KEYS[2] results (or failures)  KEYS[3] content:{url}
@@ -64,6 +83,9 @@ class ResultStore:
         self.client = client
         self.maxlen = maxlen
         self._record = client.register_script(RECORD_LUA)
+        rule = client if isinstance(client, FleetRedis) else FleetRedis  # its WAIT rule
+        self.min_replicas, self.wait_timeout_ms = rule.min_replicas, rule.wait_timeout_ms
+        self.wait_max_s = rule.wait_max_s
 
     def record(self, record: dict[str, Any], *, cache: tuple[bytes, int] | None = None,
                counters: dict[str, int] | None = None, clear_failures: bool = False,
@@ -81,6 +103,10 @@ class ResultStore:
 
         Returns:
             False when ``done`` showed the URL already had its result (nothing appended).
+
+        Raises:
+            ReplicaTimeout: REDIS_MIN_REPLICAS replicas did not confirm within
+                REDIS_WAIT_MAX_S (one WAIT for a failure record; module doc).
         """
         permit, sent_at = retime or (None, None)
         if sent_at is None:
@@ -94,9 +120,67 @@ class ResultStore:
                            int(sent_at * 1000) if permit else 0]
         for name, amount in (counters or {}).items():
             args += (name, amount)
+        if self.min_replicas:
+            return self._record_replicated(url, keys, args,
+                                           patient=stream != FAILURES_STREAM)
         # redis-py's Script runs EVALSHA and loads the script after a NoScriptError (a
-        # restarted Redis); nothing ran in that case, so running it again is safe.
+        # restarted Redis, a promoted replica); nothing ran then, so running it again is safe.
         return bool(self._record(keys=keys, args=args))
+
+    def _record_replicated(self, url: str, keys: list[str], args: list[Any], *,
+                           patient: bool) -> bool:
+        """The script and ``WAIT min_replicas timeout`` in one pipeline on one connection
+        (WAIT counts that connection's writes). Not through the Script object: in a pipeline
+        it would ask SCRIPT EXISTS first, a round trip on every call. ``patient``: wait again
+        for late replicas (:meth:`_confirm`), else raise at once.
+
+        Raises:
+            ReplicaTimeout: fewer replicas confirmed in time.
+        """
+        for _attempt in range(2):  # the second after loading the script (NOSCRIPT)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(self._record.sha, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
+            appended, confirmed = pipe.execute(raise_on_error=False)
+            if isinstance(appended, redis.exceptions.NoScriptError):
+                self._record.sha = self.client.script_load(RECORD_LUA)
+                continue
+            for reply in (appended, confirmed):
+                if isinstance(reply, Exception):
+                    raise reply
+            if int(confirmed) < self.min_replicas:
+                if not patient:
+                    raise self._timeout(url, int(confirmed), self.wait_timeout_ms / 1000)
+                self._confirm(url, int(confirmed))
+            return bool(appended)
+        raise redis.exceptions.NoScriptError("the result script vanished again after SCRIPT LOAD")
+
+    def _confirm(self, url: str, confirmed: int) -> None:
+        """WAIT again until the replicas confirm, for up to REDIS_WAIT_MAX_S in all. Each try
+        writes first (HINCRBY ``replica_waits``): WAIT counts the writes of the connection it
+        runs on, and any later write of any connection covers the result. A Redis error (the
+        primary demoted or gone) ends the wait: the caller holds the delivery and redoes it.
+
+        Raises:
+            ReplicaTimeout: still too few after REDIS_WAIT_MAX_S.
+        """
+        started = time.monotonic()
+        logger.warning("%d of %d replicas confirmed the outcome of %s; not acked, waiting for "
+                       "them (up to %gs)", confirmed, self.min_replicas, url, self.wait_max_s)
+        while time.monotonic() - started < self.wait_max_s:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hincrby(COUNTERS, REPLICA_WAITS, 1)
+            pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
+            confirmed = int(pipe.execute()[1])
+            if confirmed >= self.min_replicas:
+                logger.info("replicas confirmed the outcome of %s after %.1fs", url,
+                            time.monotonic() - started)
+                return
+        raise self._timeout(url, confirmed, self.wait_timeout_ms / 1000 + self.wait_max_s)
+
+    def _timeout(self, url: str, confirmed: int, waited_s: float) -> ReplicaTimeout:
+        return ReplicaTimeout(f"{confirmed} of {self.min_replicas} replicas confirmed the "
+                              f"outcome of {url} within {waited_s:g}s")
 
     def record_failure(self, record: dict[str, Any], done: DoneMark | None) -> bool:
         """Append a dead-lettered URL's failure record to ``failures`` and mark it done, once."""

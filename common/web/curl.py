@@ -14,6 +14,10 @@ thread. :class:`Transfer` holds those callbacks and what they saw:
   gzip), a bounded piece at a time, so a compression bomb stops at the body cap
   (MAX_BODY_BYTES) rather than after inflating; a longer body is cut at the cap.
 
+With ARCHIVE=warc the fetcher uses common/web/capture.py's subclass, which also keeps the bytes
+as they went over the wire; :func:`parse_head` and :func:`decode_body` read such a response back
+(the re-parse tool) the way these callbacks read it.
+
 A callback ends the transfer by returning fewer bytes than it was given and records why in
 :attr:`Transfer.stop`; the fetcher reads that once ``perform()`` returns. :func:`new_easy_handle`
 sets the options that hold for every request of a thread's handle: http(s) only, no proxy or
@@ -38,6 +42,8 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 # abuse, whatever their size.
 MAX_HEADER_LINES = 100
 _ABORT = 0  # a callback returning fewer bytes than it was given stops the transfer
+_BLANK = (b"\r\n", b"\n")
+DECODED_ENCODINGS = ("gzip", "x-gzip", "deflate")  # the Content-Encodings we offer and decode
 
 
 class Owner(Protocol):
@@ -132,11 +138,10 @@ class Transfer:
                           "(MAX_HEADER_BYTES)"
             return _ABORT
         if line.startswith(b"HTTP/"):  # a status line; after a 1xx another one follows
-            parts = line.split(None, 2)
-            self.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+            self.status = status_of(line)
             self.header_lines = []
             return None
-        if line not in (b"\r\n", b"\n"):
+        if line not in _BLANK:
             self.header_lines.append(line)
             if len(self.header_lines) > MAX_HEADER_LINES:
                 self.stop = "headers_too_large"
@@ -156,7 +161,7 @@ class Transfer:
         encoding = self.header_value(b"content-encoding:")
         if encoding is not None:
             encoding = encoding.strip().lower()
-            if encoding in ("gzip", "x-gzip", "deflate"):
+            if encoding in DECODED_ENCODINGS:
                 self.decoder = _Decoder(encoding)
             elif encoding not in ("", "identity"):
                 self.stop = "invalid"  # we only offer gzip and deflate
@@ -185,26 +190,79 @@ class Transfer:
 
     # -- reading the response ------------------------------------------------------------------
     def headers(self) -> dict[str, str]:
-        headers: dict[str, str] = {}
-        for line in self.header_lines:
-            name, sep, value = line.decode("latin-1").partition(":")
-            if not sep:
-                continue
-            name = name.strip().lower()
-            value = value.strip()
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        return headers
+        return header_dict(self.header_lines)
 
     def content_type(self) -> str | None:
         return self.header_value(b"content-type:")
 
     def header_value(self, prefix: bytes) -> str | None:
         """The first header whose lower-cased line starts with ``prefix`` (``b"name:"``)."""
-        size = len(prefix)
-        for line in self.header_lines:
-            if line[:size].lower() == prefix:
-                return line[size:].decode("latin-1").strip()
-        return None
+        return first_header(self.header_lines, prefix)
+
+
+# -- reading a response head and body the way the callbacks do (the re-parse tool) -------------
+def status_of(line: bytes) -> int:
+    """The status code of a status line (0 when it has none)."""
+    parts = line.split(None, 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+def header_dict(lines: list[bytes]) -> dict[str, str]:
+    """Header lines as a dict: lower-cased names, repeated headers joined with ", "."""
+    headers: dict[str, str] = {}
+    for line in lines:
+        name, sep, value = line.decode("latin-1").partition(":")
+        if not sep:
+            continue
+        name = name.strip().lower()
+        value = value.strip()
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+def first_header(lines: list[bytes], prefix: bytes) -> str | None:
+    """The first header whose lower-cased line starts with ``prefix`` (``b"name:"``)."""
+    size = len(prefix)
+    for line in lines:
+        if line[:size].lower() == prefix:
+            return line[size:].decode("latin-1").strip()
+    return None
+
+
+def parse_head(block: bytes) -> tuple[int, list[bytes], bytes]:
+    """``(status, header lines, rest)`` of an HTTP response: the last status line's code (an
+    interim 1xx head is skipped, as the header callback does), its header lines (each ending
+    in its line break, blank line excluded) and what follows the head."""
+    status, lines, start = 0, [], 0
+    while start < len(block):
+        end = block.find(b"\n", start)
+        end = len(block) if end < 0 else end + 1
+        line, start = block[start:end], end
+        if line.startswith(b"HTTP/"):
+            status, lines = status_of(line), []
+        elif line not in _BLANK:
+            lines.append(line)
+        elif not 100 <= status < 200:
+            break
+    return status, lines, block[start:]
+
+
+def decode_body(raw: bytes, encoding: str | None, max_bytes: int) -> tuple[bytes, bool]:
+    """``raw`` decoded from ``encoding`` as the write callback decodes it, cut at
+    ``max_bytes``; returns ``(body, truncated)``.
+
+    Raises:
+        ValueError: an encoding the fetcher does not offer, or a corrupt body.
+    """
+    encoding = (encoding or "").strip().lower()
+    if encoding in DECODED_ENCODINGS:
+        try:
+            raw = _Decoder(encoding).decode(raw, max_bytes)
+        except zlib.error as exc:
+            raise ValueError(f"bad {encoding} body: {exc}") from None
+    elif encoding not in ("", "identity"):
+        raise ValueError(f"unsupported Content-Encoding {encoding[:40]!r}")
+    return (raw[:max_bytes], True) if len(raw) > max_bytes else (raw, False)
 
 
 def new_easy_handle(settings: Settings, transfer: Transfer) -> pycurl.Curl:
@@ -229,4 +287,8 @@ def new_easy_handle(settings: Settings, transfer: Transfer) -> pycurl.Curl:
     curl.setopt(pycurl.LOW_SPEED_LIMIT, 1)
     curl.setopt(pycurl.LOW_SPEED_TIME, max(1, math.ceil(settings.read_timeout_s)))
     curl.setopt(pycurl.MAXCONNECTS, 32)  # idle keep-alive connections kept per thread
+    debug = getattr(transfer, "debug", None)  # ArchivingTransfer: the request as sent
+    if debug is not None:
+        curl.setopt(pycurl.VERBOSE, 1)
+        curl.setopt(pycurl.DEBUGFUNCTION, debug)
     return curl

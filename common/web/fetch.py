@@ -19,6 +19,9 @@ libcurl handle's options and the callbacks that guard, cap and decode) is common
   count, total time per fetch (FETCH_TOTAL_TIMEOUT_S, libcurl's own timer, against slow-drip
   servers), a stalled read (READ_TIMEOUT_S without a byte), content types
   (ALLOWED_CONTENT_TYPES; others are recorded, not read).
+* ARCHIVE=warc: each hop's request and response as they went over the wire
+  (common/web/capture.py) come with the result as :attr:`FetchResult.exchanges`, for the WARC
+  writer (common/work/archive.py); with ARCHIVE=none the plain callbacks run and nothing is kept.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import pycurl
 
 from common.core.config import Settings
 from common.core.errors import FetchError
+from common.web.capture import ArchivingTransfer, Exchange
 from common.web.curl import MAX_HEADER_LINES, Transfer, new_easy_handle
 from common.web.netguard import AddressGuard
 
@@ -60,7 +65,10 @@ class FetchResult:
     redirects: int = 0
     skipped: str | None = None  # why the body was not read (content type)
     sent_at: float | None = None  # wall clock when the first request was sent
-
+    #: ARCHIVE=warc: every hop as it went over the wire, the final response last.
+    exchanges: tuple[Exchange, ...] = ()
+    #: Where the final response was archived ({"file", "offset", "length"}), once it was.
+    archive: dict[str, Any] | None = None
 
 
 @dataclass
@@ -86,6 +94,7 @@ class Fetcher:
         self._lock = threading.Lock()
         self._handles: list[pycurl.Curl] = []
         self._generation = 0
+        self._archiving = settings.archive == "warc"
 
     def close(self) -> None:
         """Close every thread's handle and its connections (a later fetch opens new ones)."""
@@ -111,6 +120,7 @@ class Fetcher:
         deadline = time.monotonic() + self.settings.fetch_total_timeout_s
         sent_at: float | None = None
         current = url
+        exchanges: list[Exchange] = []
         try:
             for hop in range(self.settings.max_redirects + 1):
                 transfer = handle.transfer
@@ -118,6 +128,8 @@ class Fetcher:
                 hop_sent_at = self._perform(handle.curl, transfer, current, deadline)
                 if sent_at is None:
                     sent_at = hop_sent_at
+                if self._archiving:
+                    exchanges.append(transfer.exchange(current, handle.curl, hop_sent_at))
                 if transfer.stop == "redirect":
                     location = transfer.headers().get("location", "")
                     current = self._next_hop(current, location)
@@ -130,7 +142,7 @@ class Fetcher:
                                    truncated=transfer.stop == "truncated",
                                    headers=transfer.headers(), redirects=hop,
                                    skipped="content_type" if skipped else None,
-                                   sent_at=sent_at)
+                                   sent_at=sent_at, exchanges=tuple(exchanges))
         except FetchError as exc:
             exc.sent_at = sent_at if sent_at is not None else exc.sent_at
             raise
@@ -149,7 +161,7 @@ class Fetcher:
         handle: _Handle | None = getattr(self._local, "handle", None)
         if handle is not None and handle.generation == self._generation:
             return handle
-        transfer = Transfer(self)
+        transfer = ArchivingTransfer(self) if self._archiving else Transfer(self)
         curl = new_easy_handle(self.settings, transfer)
         with self._lock:
             generation = self._generation

@@ -18,6 +18,14 @@ cache lookup in it too, to stay at one round trip (NOTES.md #11). ``limits`` par
 The guard (RATE_LIMIT_GUARD, a fraction of the window kept free) absorbs server-side jitter:
 permits are moved to their request's real send time (:func:`retime_permit`), so what is left
 is the network and the site's own clock.
+
+The same call applies the domain's adaptive throttle (common/web/throttle.py): a blocked domain
+books slots from the block's end on; a slowed one lets one request through per
+``spacing / rate`` while slots are still booked at the configured spacing (a URL that finds the
+window full books the next free slot), so the configured rate is back the moment the rate is;
+and it enforces MAX_WAIT_S: a URL whose slot would come later than its wait allows books
+nothing and is told so (go = 3). A robots.txt Crawl-delay is capped at
+ROBOTS_MAX_CRAWL_DELAY_S.
 """
 
 from __future__ import annotations
@@ -28,15 +36,25 @@ from dataclasses import dataclass
 import redis
 
 from common.core.config import Settings
-from common.store.keys import content_key, rate_log_key, rate_slot_key
+from common.store.keys import THROTTLED, content_key, rate_log_key, rate_slot_key, throttle_key
 from common.store.marks import DoneMark, Permit, Retime
+from common.web.throttle import (
+    FUNCTIONS_LUA,
+    Signal,
+    Throttle,
+    ThrottleState,
+    describe,
+    read_states,
+)
 
 # KEYS[1] content:{url}   KEYS[2] ratelimit:{domain}   KEYS[3] ratelimit:{domain}:next
-# KEYS[4] done:{b} (or "" to skip the check)
+# KEYS[4] done:{b} (or "" to skip the check)   KEYS[5] throttle:{domain}   KEYS[6] throttled
 # ARGV[1] amount  ARGV[2] span_ms (window + guard)  ARGV[3] spacing_ms  ARGV[4] check cache (0/1)
 # ARGV[5] the URL's done-set member  ARGV[6] the caller's booked slot (ms, 0 = none)
-# Returns {cached_body or false, go, wait_ms, permit member, booked slot ms}
-#   go: 1 = go now (a permit was logged under `permit member`), 0 = wait, 2 = already done
+# ARGV[7] how long the URL may still wait (ms, -1 = no limit)  ARGV[8..12] the throttle's
+# Returns {cached_body or false, go, wait_ms, permit member, booked slot ms, throttle or false}
+#   go: 1 = go now (a permit was logged under `permit member`), 0 = wait, 2 = already done,
+#       3 = its slot would come after its wait limit (nothing booked)
 ADMIT_LUA = """
 if KEYS[4] ~= '' and redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
   return {false, 2, 0, '', 0}
@@ -49,27 +67,62 @@ local amount = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
 local spacing = tonumber(ARGV[3])
 local booked = tonumber(ARGV[6])
+local wait_left = tonumber(ARGV[7])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - span)
+local state, blocked_until, rate = false, 0, 1
+-- A healthy domain (no state, nothing to report) pays one EXISTS; the throttle's functions
+-- are only defined (a closure each, per call) for a domain that has a state.
+if ARGV[11] ~= '0' or redis.call('EXISTS', KEYS[5]) == 1 then
+""" + FUNCTIONS_LUA + """
+  state, blocked_until, rate = throttle_admit(KEYS[5], KEYS[6], now, ARGV, 8)
+end
+-- A slowed domain: besides the configured window, one request per spacing / rate (the gate),
+-- no bursts. Slots are still booked at the configured spacing: booked at the slowed one, they
+-- would keep the slowed pace after the rate is back. (Who finds the window full books the
+-- next slot: (1 - rate) x the configured rate more admits, no stampede.)
+local gate = 0
+if rate < 1 then gate = math.ceil(spacing / rate) end
+local keep = math.max(span, gate)
+if blocked_until > now then
+  -- A blocked domain: slots from the block's end on, staggered as usual.
+  local slot = tonumber(redis.call('GET', KEYS[3]) or '0')
+  if slot < blocked_until then slot = blocked_until end
+  if wait_left >= 0 and slot - now > wait_left then return {false, 3, slot - now, '', 0, state} end
+  redis.call('SET', KEYS[3], slot + spacing, 'PX', slot + spacing - now + span)
+  return {false, 0, slot - now, '', slot, state}
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - keep)
 local count = redis.call('ZCARD', KEYS[2])
-if count < amount then
+local in_span = count
+if keep > span then in_span = redis.call('ZCOUNT', KEYS[2], now - span, '+inf') end
+local free_at = 0
+if in_span >= amount then
+  local entry = redis.call('ZRANGE', KEYS[2], count - amount, count - amount, 'WITHSCORES')
+  free_at = tonumber(entry[2]) + span + 1
+end
+if gate > 0 and count > 0 then
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  free_at = math.max(free_at, tonumber(last[2]) + gate + 1)
+end
+if free_at <= now then
   local member = t[1] .. t[2] .. ':' .. count
   redis.call('ZADD', KEYS[2], now, member)
-  redis.call('PEXPIRE', KEYS[2], span * 2)
-  return {false, 1, 0, member, 0}
+  redis.call('PEXPIRE', KEYS[2], keep * 2)
+  return {false, 1, 0, member, 0, state}
 end
-local entry = redis.call('ZRANGE', KEYS[2], count - amount, count - amount, 'WITHSCORES')
-local free_at = tonumber(entry[2]) + span + 1
-if booked > 0 and booked <= now + spacing then
+if booked > 0 and booked <= now + spacing and rate >= 1 then
   -- The caller's booked slot is due but a late request still fills the window: it keeps its
-  -- place and waits for that request to leave the window, instead of queueing again.
-  return {false, 0, free_at - now, '', booked}
+  -- place and waits for that request to leave the window, instead of queueing again. (Not on
+  -- a slowed domain, where the window is full by design: every URL due would come back at the
+  -- same free_at, again and again. It books the next slot.)
+  return {false, 0, free_at - now, '', booked, state}
 end
 local slot = tonumber(redis.call('GET', KEYS[3]) or '0')
 if slot < free_at then slot = free_at end
+if wait_left >= 0 and slot - now > wait_left then return {false, 3, slot - now, '', 0, state} end
 redis.call('SET', KEYS[3], slot + spacing, 'PX', slot + spacing - now + span)
-return {false, 0, slot - now, '', slot}
+return {false, 0, slot - now, '', slot, state}
 """
 
 
@@ -96,6 +149,8 @@ class Admission:
     already_done: bool = False  # the URL's outcome is already recorded: nothing to do
     permit: Permit | None = None  # the permit logged, to re-time it to the send time
     slot_ms: int = 0  # the slot booked for a denied caller (Redis clock)
+    too_late: bool = False  # its slot would come after its wait limit (MAX_WAIT_S)
+    throttle: ThrottleState | None = None  # the domain's throttle, when it has one
 
 
 class RateLimiter:
@@ -106,38 +161,65 @@ class RateLimiter:
         self.default = Rate(*settings.rate_limit)
         self.overrides = tuple((host, Rate(*rate)) for host, rate in settings.rate_limit_overrides)
         self.guard = settings.rate_limit_guard
+        self.max_crawl_delay_s = settings.robots_max_crawl_delay_s
+        self.throttle = Throttle(settings)
         self._admit = client.register_script(ADMIT_LUA)
 
     def rate_for(self, domain: str, crawl_delay_s: float | None = None) -> Rate:
-        """The configured rate for ``domain``, made stricter by a robots.txt Crawl-delay."""
+        """The configured rate for ``domain``, made stricter by a robots.txt Crawl-delay
+        (capped at ROBOTS_MAX_CRAWL_DELAY_S: ``Crawl-delay: 31536000`` is not a year)."""
         rate = self.default
         for host, override in self.overrides:
             if domain == host or domain.endswith("." + host):
                 rate = override
                 break
         if crawl_delay_s and crawl_delay_s > 0:
-            rate = rate.stricter(Rate(1, max(1, math.ceil(crawl_delay_s * 1000))))
+            delay_s = min(crawl_delay_s, self.max_crawl_delay_s)
+            rate = rate.stricter(Rate(1, max(1, math.ceil(delay_s * 1000))))
         return rate
 
     def admit(self, domain: str, rate: Rate, cache_url: str | None = None,
-              done: DoneMark | None = None, booked_ms: int = 0) -> Admission:
+              done: DoneMark | None = None, booked_ms: int = 0,
+              max_wait_ms: int = -1) -> Admission:
         """One round trip: already done, a cache hit, a permit now, or how long to wait for a
         booked slot. ``done`` is the URL's done mark, checked first;
-        ``booked_ms`` the slot this URL was given when it was parked (it keeps its place)."""
+        ``booked_ms`` the slot this URL was given when it was parked (it keeps its place);
+        ``max_wait_ms`` how long it may still wait (-1: no limit), else ``too_late``."""
         span_ms = rate.window_ms + math.ceil(rate.window_ms * self.guard)
         spacing_ms = math.ceil(span_ms / rate.amount)
         done_key, member = done or ("", 0)
         log_key = rate_log_key(domain)
-        cached, go, wait_ms, permit, slot_ms = self._admit(
-            keys=[content_key(cache_url or ""), log_key, rate_slot_key(domain), done_key],
+        reply = self._admit(
+            keys=[content_key(cache_url or ""), log_key, rate_slot_key(domain), done_key,
+                  throttle_key(domain), THROTTLED],
             args=[rate.amount, span_ms, spacing_ms, 1 if cache_url else 0, member,
-                  int(booked_ms)])
+                  int(booked_ms), int(max_wait_ms), *self.throttle.admit_args(domain)])
+        cached, go, wait_ms, permit, slot_ms = reply[:5]
         if go == 2:
             return Admission(go=False, already_done=True)
         permit_member = permit.decode() if isinstance(permit, bytes) else permit
-        return Admission(go=bool(go), wait_ms=int(wait_ms), cached=cached or None,
+        return Admission(go=go == 1, wait_ms=int(wait_ms), cached=cached or None,
                          permit=Permit(log_key, permit_member) if permit_member else None,
-                         slot_ms=int(slot_ms))
+                         slot_ms=int(slot_ms), too_late=go == 3,
+                         throttle=ThrottleState.from_reply(reply[5]) if len(reply) > 5 else None)
+
+    def report(self, pipe: redis.client.Pipeline, url: str, failure: Signal,
+               retime: Retime | None) -> None:
+        """Add a failed attempt's bookkeeping to its pipeline (no extra round trip): its
+        permit moved to the send time, and the domain's throttle told of a 429, a 503, a
+        Retry-After or a timeout (common/web/throttle.py)."""
+        if retime is not None:
+            retime_permit(pipe, retime)
+        self.throttle.report(pipe, url, failure, retime)
+
+    def throttled(self) -> list[dict]:
+        """The status view's rows: each throttled domain, its rate or block, and why."""
+        rows = []
+        for domain, state, now_ms in read_states(self.client):
+            row = describe(state, now_ms, self.rate_for(domain).per_second)
+            if row["active"]:
+                rows.append({"domain": domain, **row})
+        return rows
 
 
 def retime_permit(pipe: redis.client.Pipeline, retime: Retime) -> None:

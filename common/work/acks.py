@@ -6,6 +6,12 @@ Redis, or once every message its outcome published (a hold-queue hop, a dead let
 confirmed. A failed confirm nacks it back to its queue. The ledger lives on the I/O thread
 (pika is not thread-safe) and is cleared with each new channel: delivery tags of an old channel
 are void, and the broker redelivers whatever that channel left unacked.
+
+A delivery the worker cannot take now (Redis away or refusing, a stopping worker's unstarted
+deliveries) is given back by :meth:`AckLedger.give_back`: a confirmed copy to the tail of its
+queue, then an ack, never ``basic.nack(requeue=True)``. A quorum queue counts every requeue
+toward its delivery limit on RabbitMQ 4.0-4.2 (and ``basic.reject`` on every 4.x), so a
+"not yet" requeue loop would dead-letter good URLs; a copy starts with no deliveries.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from common.broker.publisher import Confirm
+from common.broker.publisher import Confirm, ConfirmingPublisher
 from common.store.marks import DoneMark
 
 Record = dict[str, Any]
@@ -30,6 +36,16 @@ class Delivery:
     generation: int  # the worker's channel generation it arrived on
     early_acked: bool  # acked on receipt (PRIORITY_AUTO_ACK)
     received_at: float
+    expiration_ms: int | None = None  # its per-message TTL, kept when it is given back
+
+
+def expiration_of(properties: Any) -> int | None:
+    """A delivery's per-message TTL in ms (AMQP ``expiration``), if it has one."""
+    raw = getattr(properties, "expiration", None)
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None
 
 
 class AckLedger:
@@ -44,13 +60,15 @@ class AckLedger:
         self.inflight: dict[int, Delivery] = {}
         self._confirmed = confirmed
         self._channel: Any = None  # pika's asynchronous channel under the BlockingChannel
+        self._publisher: ConfirmingPublisher | None = None  # for give_back
         self._acks: list[int] = []  # settled with an ack, not yet handed to the channel
         self._awaiting: dict[int, list[bool]] = {}  # tag -> confirm results so far
         self._marks: dict[int, tuple[DoneMark | None, Record | None]] = {}
 
-    def reset(self, channel: Any) -> None:
+    def reset(self, channel: Any, publisher: ConfirmingPublisher | None = None) -> None:
         """Start over on a new channel (the old one's tags are void)."""
         self._channel = channel
+        self._publisher = publisher
         self.inflight.clear()
         self._acks.clear()
         self._awaiting.clear()
@@ -101,9 +119,23 @@ class AckLedger:
         self._acks.append(tag)  # sent by flush() at the end of this loop turn
 
     def nack(self, tag: int) -> None:
-        """Return delivery ``tag`` to its queue at once."""
+        """Return delivery ``tag`` to its queue at once (a requeue: counts toward a quorum
+        queue's delivery limit; only for a publish that failed, see :meth:`give_back`)."""
         self.inflight.pop(tag, None)
         self._channel.basic_nack(tag, requeue=True)
+
+    def give_back(self, delivery: Delivery) -> None:
+        """Return ``delivery`` to its queue without a requeue: publish a copy to the tail of
+        the queue (default exchange, confirmed) and ack the original once the copy is
+        confirmed; a copy that fails falls back to :meth:`nack`. An early-acked delivery
+        (PRIORITY_AUTO_ACK) gets its copy too, rather than being lost."""
+        if self._publisher is None:
+            if not delivery.early_acked:
+                self.nack(delivery.tag)
+            return
+        self.expect_confirms(delivery.tag, None)
+        self._publisher.publish("", delivery.queue, delivery.body, token=(delivery.tag, 1),
+                                expiration_ms=delivery.expiration_ms)
 
     def flush(self) -> None:
         """Hand this loop turn's acks to the channel, as few frames as is safe.

@@ -6,7 +6,8 @@ Redis errors in a row); every other path serves the metrics exactly as prometheu
 
 Every name here is referenced by the Grafana dashboard (monitoring/grafana/); a test checks the
 dashboard uses no other metric. Labels stay low-cardinality: outcome kinds and dead-letter
-reasons, never URLs or domains.
+reasons, never URLs; domains only on the two throttled-domain gauges, for the domains this
+worker last saw throttled (at most MAX_THROTTLED_SERIES, each dropped once healthy again).
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ RESULTS_BACKLOG = Gauge("fleet_results_backlog", "Stream entries the most behind
                         "exported (lag + pending)", registry=REGISTRY)
 REDIS_REFUSALS = Counter("fleet_redis_refusals_total", "Deliveries returned to the broker "
                          "because Redis answered with an error", registry=REGISTRY)
+THROTTLED_RATE = Gauge("fleet_throttled_domain_rate_ratio", "A throttled domain's rate as a "
+                       "fraction of its configured rate (0: blocked), as this worker last saw it",
+                       ["domain", "reason"], registry=REGISTRY)
+THROTTLED_SINCE = Gauge("fleet_throttled_domain_since_seconds", "When the domain's throttling "
+                        "began (Unix time)", ["domain", "reason"], registry=REGISTRY)
 HEALTHY.set(1)
 
 #: Every metric family the workers export (the dashboard test reads this).
@@ -64,7 +70,31 @@ EXPORTED = ("fleet_fetches_total", "fleet_fetch_seconds", "fleet_fetch_bytes_tot
             "fleet_retries_total", "fleet_dead_letters_total", "fleet_rate_limit_delays_total",
             "fleet_cache_hits_total", "fleet_cache_misses_total", "fleet_in_flight",
             "fleet_worker_paused", "fleet_worker_healthy", "fleet_redis_used_memory_bytes",
-            "fleet_redis_maxmemory_bytes", "fleet_results_backlog", "fleet_redis_refusals_total")
+            "fleet_redis_maxmemory_bytes", "fleet_results_backlog", "fleet_redis_refusals_total",
+            "fleet_throttled_domain_rate_ratio", "fleet_throttled_domain_since_seconds")
+
+#: Most throttled domains one worker exports at a time (the rest: stats.py lists them all).
+MAX_THROTTLED_SERIES = 100
+_shown: dict[str, str] = {}  # domain -> the reason label its series carry
+_shown_lock = threading.Lock()
+
+
+def show_throttle(domain: str, state: Any) -> None:
+    """Export ``domain``'s throttle as the admit call returned it (a ThrottleState, or None):
+    its rate (0 while blocked) and since when, labelled with why; drop it once healthy."""
+    if (state is None or not state.active) and domain not in _shown:
+        return  # the hot path: a healthy domain, not exported
+    with _shown_lock:
+        reason = _shown.pop(domain, None)
+        if reason is not None:
+            THROTTLED_RATE.remove(domain, reason)
+            THROTTLED_SINCE.remove(domain, reason)
+        if state is None or not state.active or len(_shown) >= MAX_THROTTLED_SERIES:
+            return
+        # "http_503, Retry-After 30 s" -> http_503, "slow: 2.10 s, median ..." -> slow
+        reason = _shown[domain] = state.reason.split(":")[0].split(",")[0] or "unknown"
+        THROTTLED_RATE.labels(domain, reason).set(0 if state.blocked_ms else state.rate)
+        THROTTLED_SINCE.labels(domain, reason).set(state.since_ms / 1000)
 
 
 Health = Callable[[], tuple[bool, str]]

@@ -61,15 +61,26 @@ class Failure:
     retry_after: str | None = None
 
 
-def park(message: WorkMessage, queue: str, delay_ms: float, why: str) -> Outcome:
+def park(message: WorkMessage, queue: str, delay_ms: float, why: str, *,
+         turn: bool = True) -> Outcome:
     """Send ``message`` to the hold queue for the next hop of ``delay_ms``; it comes back to
-    ``queue`` then, and waits out the rest of the delay (``not_before``) hop by hop."""
+    ``queue`` then, and waits out the rest of the delay (``not_before``) hop by hop.
+
+    The message keeps the time it began waiting for its turn (``parked_at``) until it gets
+    it (the processor drops it then): MAX_WAIT_S is counted from there (:func:`wait_left_ms`).
+    ``turn=False`` is a wait that is not for a turn (a retry's backoff): it starts counting
+    once the delay is over."""
     level = topology.hold_level(delay_ms) or topology.HOLD_LEVELS_MS[0]
-    not_before = time.time() + delay_ms / 1000
+    now = time.time()
+    not_before = now + delay_ms / 1000
     current = message.extra.get("not_before")
     if isinstance(current, int | float) and current > not_before:
         not_before = current
-    parked = replace(message, extra={**message.extra, "not_before": round(not_before, 3)})
+    parked_at = message.extra.get("parked_at")
+    if not isinstance(parked_at, int | float):
+        parked_at = round(now if turn else not_before, 3)
+    parked = replace(message, extra={**message.extra, "not_before": round(not_before, 3),
+                                     "parked_at": parked_at})
     publish = Publish(topology.hold_name(level), queue, parked.to_json())
     return Outcome("delay", message.url, (publish,),
                    detail=f"{why}: held {level} ms of {delay_ms:.0f} ms")
@@ -82,3 +93,23 @@ def dead_letter(url: str, body: bytes, headers: dict[str, Any], detail: str,
     return Outcome("dead_letter", url, (Publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body,
                                                 headers=headers),),
                    detail=detail, mark_done=mark_done, record=record)
+
+
+def wait_left_ms(message: WorkMessage, max_wait_s: float) -> int:
+    """How much longer (ms) ``message`` may wait for its turn: MAX_WAIT_S from when it was
+    first parked, or from now if it never was; -1 when MAX_WAIT_S is 0 (no limit)."""
+    if max_wait_s <= 0:
+        return -1
+    parked_at = message.extra.get("parked_at")
+    waited_s = time.time() - parked_at if isinstance(parked_at, int | float) else 0.0
+    return max(0, round((max_wait_s - waited_s) * 1000))
+
+
+def waited_too_long(message: WorkMessage, admission: Any) -> Failure:
+    """The dead-letter failure of a URL whose turn (``admission.wait_ms`` away) would come
+    after MAX_WAIT_S."""
+    parked_at = message.extra.get("parked_at")
+    since = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(parked_at))
+             if isinstance(parked_at, int | float) else "never parked")
+    return Failure("waited_too_long", error=f"parked since {since}; its turn would come in "
+                                            f"{admission.wait_ms / 1000:.0f} s")

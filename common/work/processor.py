@@ -45,8 +45,9 @@ from common.web.fetch import Fetcher, FetchResult
 from common.web.ratelimit import RateLimiter, retime_permit
 from common.web.robots import RobotsRules, RobotsStore, origin_of, robots_fetcher
 from common.work import metrics
+from common.work.archive import Archive, with_archive
 from common.work.expired import release_expired
-from common.work.outcome import Failure, Outcome, dead_letter, park
+from common.work.outcome import Failure, Outcome, dead_letter, park, wait_left_ms, waited_too_long
 from common.work.page_record import PageReader
 from common.work.record import bound, failure_record
 
@@ -73,6 +74,7 @@ class Processor:
         # switches a page with 8 threads). Fetches, which wait on the network, stay parallel.
         self._parse_slots = threading.BoundedSemaphore(settings.parse_concurrency)
         self.pages = PageReader(settings)  # EXTRACT_RULES, EXTRACTOR: ConfigError if bad
+        self.archive = Archive.from_settings(settings, self._parse_slots)  # ARCHIVE=warc
 
     # -- entry points -------------------------------------------------------------------------
     def process(self, body: bytes, queue: str) -> Outcome:
@@ -165,10 +167,13 @@ class Processor:
         done = self._done_mark(url, message)
         booked = message.extra.get("slot")
         admission = self.limiter.admit(domain, rate, cache_url=url if use_cache else None,
-                                       done=done,
-                                       booked_ms=booked if isinstance(booked, int) else 0)
+                                       done=done, booked_ms=booked if type(booked) is int else 0,
+                                       max_wait_ms=wait_left_ms(message, self.settings.max_wait_s))
+        metrics.show_throttle(domain, admission.throttle)
         if admission.already_done:
             return Outcome("already_done", url, detail="redelivered, outcome already recorded")
+        if admission.too_late:  # MAX_WAIT_S: its turn would come after its wait limit
+            return self._dead_letter(message, url, queue, waited_too_long(message, admission))
         if admission.cached is not None:
             try:
                 response = response_cache.decode(url, admission.cached)
@@ -183,9 +188,9 @@ class Processor:
             booked_message = replace(message, extra={**message.extra,
                                                      "slot": admission.slot_ms})
             return park(booked_message, queue, admission.wait_ms, "rate limit")
-        if "slot" in message.extra:
+        if "slot" in message.extra or "parked_at" in message.extra:
             message = replace(message, extra={k: v for k, v in message.extra.items()
-                                              if k != "slot"})
+                                              if k not in ("slot", "parked_at")})
 
         if use_cache:
             metrics.CACHE_MISSES.inc()
@@ -193,12 +198,15 @@ class Processor:
             response = self.fetcher.fetch(url)
             metrics.FETCH_SECONDS.observe(response.elapsed_ms / 1000)
             metrics.FETCH_BYTES.inc(len(response.body))
+            self.limiter.throttle.observe(domain, response)  # healthy or slow: told at next admit
         except FetchError as exc:
             retime = Retime(admission.permit, exc.sent_at)
             failure = Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")
             if exc.transient:
                 return self._failed(url, message, queue, failure, retime=retime)
             return self._dead_letter(message, url, queue, failure, retime=retime)
+        if self.archive is not None:  # in the WARC file before its outcome is stored
+            response = self.archive.write(response)
         retime = Retime(admission.permit, response.sent_at)
         verdict = classify_status(response.status)
         if verdict == OK:
@@ -207,8 +215,9 @@ class Processor:
         failure = Failure(f"http_{response.status}", status=response.status,
                            retry_after=response.headers.get("retry-after"))
         if verdict == PERMANENT:
-            return self._dead_letter(message, url, queue, failure, retime=retime)
-        return self._failed(url, message, queue, failure, retime=retime)
+            return with_archive(self._dead_letter(message, url, queue, failure, retime=retime),
+                                response)
+        return with_archive(self._failed(url, message, queue, failure, retime=retime), response)
 
     def _record(self, url: str, message: WorkMessage, queue: str, response: FetchResult,
                 done: DoneMark, *, cached: bool, rules: RobotsRules | None = None,
@@ -251,8 +260,7 @@ class Processor:
         pipe = self.client.pipeline(transaction=True)
         pipe.incr(key)
         pipe.expire(key, self.settings.failures_ttl_s)
-        if retime is not None:
-            retime_permit(pipe, retime)
+        self.limiter.report(pipe, url, failure, retime)  # permit re-time; 429/503/timeout throttle
         failures = int(pipe.execute()[0])
         first_failure = message.extra.get("first_failure") or utc_now_iso()
         updated = replace(message, attempts=failures,
@@ -265,8 +273,8 @@ class Processor:
                                 retry_after_max_s=self.settings.retry_after_max_s)
         self.client.hincrby(COUNTERS, "retries", 1)
         metrics.RETRIES.inc()
-        return park(updated, queue, delay_s * 1000,
-                    f"retry {failures}/{self.settings.max_retries} after {failure.reason}")
+        return park(updated, queue, delay_s * 1000, turn=False,  # MAX_WAIT_S counts after it
+                    why=f"retry {failures}/{self.settings.max_retries} after {failure.reason}")
 
     def _dead_letter(self, message: WorkMessage, url: str, queue: str, failure: Failure, *,
                      gave_up: bool = False, retime: Retime | None = None) -> Outcome:
@@ -310,6 +318,8 @@ class Processor:
         """Close what the processor opened: the fetch handles, crawl mode's producer."""
         self.fetcher.close()
         self._robots_fetcher.close()
+        if self.archive is not None:
+            self.archive.close()
         if self.follower is not None:
             self.follower.close()
 

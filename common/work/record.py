@@ -14,9 +14,9 @@ Field caps, in characters (:data:`FIELD_CAPS`; NOTES.md, "Bounded records", says
   many the record holds, present only when fewer.
 
 ``url`` is canonical and at most MAX_URL_LENGTH long, ``worker`` is WORKER_ID, ``queue``,
-``encoding``, ``skipped`` and ``content_hash`` are short names or digests, the rest are
-numbers and booleans. A flag is present only when something was cut: a normal page's record
-gains only ``links_count``.
+``encoding``, ``skipped`` and ``content_hash`` are short names or digests, ``archive``
+(ARCHIVE=warc) a WARC file name and two numbers, the rest are numbers and booleans. A flag
+is present only when something was cut: a normal page's record gains only ``links_count``.
 
 The byte cap (:func:`bound`): a record whose JSON is still longer than MAX_RECORD_BYTES loses
 links from the end, then its extracted ``data`` (EXTRACT_RULES: dropped whole, with
@@ -76,6 +76,9 @@ def fetch_record(url: str, response: FetchResult, *, worker: str, queue: str, de
     }
     if response.skipped:
         record["skipped"] = response.skipped
+    archive = getattr(response, "archive", None)  # ARCHIVE=warc: where the response was kept
+    if archive is not None:
+        record["archive"] = archive
     return record
 
 

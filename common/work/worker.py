@@ -46,9 +46,10 @@ from common.broker.publisher import ConfirmingPublisher
 from common.core.backoff import reconnect_delay_s
 from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, ServiceUnavailable
+from common.intake.defer import Releaser
 from common.store.marks import DoneMark
 from common.work import metrics
-from common.work.acks import AckLedger, Delivery
+from common.work.acks import AckLedger, Delivery, expiration_of
 from common.work.fetch_threads import FetchThreads
 from common.work.heartbeat import Heartbeat
 from common.work.outcome import Outcome
@@ -117,9 +118,8 @@ class Worker:
 
     def run(self) -> int:
         """Consume until stopped or idle; returns the process exit code."""
-        self.threads.start()
-        self.pressure.start()
-        self.heartbeat.start()
+        for t in (self.threads, self.pressure, self.heartbeat, Releaser(self.settings, self._stop)):
+            t.start()  # the Releaser publishes deferred URLs on time (common/intake/defer.py)
         server = metrics.serve(self.settings.metrics_port, self.pressure.health,
                                self.metrics_address)
         connected_once = False
@@ -166,10 +166,10 @@ class Worker:
         self._consumed_since_connect = False
         self._connection = connect_rabbitmq(self.settings)
         self._generation_started = True
-        topology.declare(self._connection.channel())
+        topology.declare(self._connection.channel(), self.settings.queue_type)
         self._publisher = ConfirmingPublisher(self._connection)
         self._channel = self._connection.channel()
-        self.ledger.reset(self._channel._impl)
+        self.ledger.reset(self._channel._impl, self._publisher)
         self._channel.basic_qos(prefetch_count=self.settings.effective_prefetch)
         self._consumer_tags = []
         self._apply_pressure(force=True)  # consume, unless paused
@@ -214,7 +214,7 @@ class Worker:
                 and time.monotonic() - self._last_delivery >= idle_s)
 
     def _on_delivery(self, rank: int, queue_name: str, generation: int, channel: Any,
-                     method: Any, _properties: Any, body: bytes) -> None:
+                     method: Any, properties: Any, body: bytes) -> None:
         self._last_delivery = time.monotonic()
         self._consumed_since_connect = True
         early = self.settings.priority_auto_ack and queue_name == topology.PRIORITY_QUEUE
@@ -222,7 +222,7 @@ class Worker:
             # Auto-ack mode, implemented as ack-on-receipt so prefetch still bounds the buffer.
             channel.basic_ack(method.delivery_tag)
         delivery = Delivery(method.delivery_tag, queue_name, body, generation, early,
-                            time.monotonic())
+                            time.monotonic(), expiration_of(properties))
         self.ledger.received(delivery)
         self._outstanding += 1
         self.threads.put(rank, delivery)
@@ -264,7 +264,7 @@ class Worker:
         if delivery.generation != self._generation:
             return  # its channel is gone; the broker redelivers it
         if outcome is None:
-            self.ledger.nack(delivery.tag)
+            self.ledger.give_back(delivery)
             return
         self.processed += 1
         self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
@@ -304,13 +304,12 @@ class Worker:
     def _graceful_shutdown(self) -> None:
         for tag in self._consumer_tags:
             self._channel.basic_cancel(tag)
-        # Deliveries not started yet go straight back to the broker.
+        # Deliveries not started yet go straight back to the broker (a copy, #40).
         returned = 0
         for item in self.threads.take_unstarted():
             self._outstanding -= 1
-            if not item.early_acked:
-                self.ledger.nack(item.tag)
-                returned += 1
+            self.ledger.give_back(item)
+            returned += 1
         if returned:
             logger.info("returned %d unstarted deliveries to the broker", returned)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S

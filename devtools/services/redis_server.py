@@ -1,7 +1,11 @@
 """A local ``redis-server`` child process on a free loopback port, for tests and the local run.
 
 It runs in the foreground in its own process group and temporary directory, with no RDB
-snapshots (``--save ''``) and, unless asked for, no AOF either.
+snapshots (``--save ''``) and, unless asked for, no AOF either; the command line and the wait
+for PING are :func:`common.ops.servers.redis_command` and :func:`~common.ops.servers.start_redis`,
+shared with local mode. It may be a replica of another
+(``replicaof``): :mod:`devtools.services.redis_sentinel` builds a primary, a replica and three
+sentinels from it.
 """
 
 from __future__ import annotations
@@ -12,19 +16,17 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
-import redis.exceptions
 
+from common.ops.servers import redis_command, start_redis
 from devtools.services.base import (
     LOOPBACK,
     Managed,
-    ServicesUnavailable,
     find_binaries,
     free_port,
-    tail,
     terminate_group,
 )
 
@@ -39,6 +41,8 @@ class LocalRedis(Managed):
         port: TCP port (default: a free one).
         binary: path to ``redis-server`` (default: found with :func:`find_binaries`).
         start_timeout_s: how long :meth:`start` waits for PING to answer.
+        replicaof: (host, port) of the primary this server replicates (None: a primary).
+        extra_args: more ``--option value`` arguments for redis-server.
     """
 
     def __init__(
@@ -48,7 +52,11 @@ class LocalRedis(Managed):
         port: int | None = None,
         binary: str | None = None,
         start_timeout_s: float = 15.0,
+        replicaof: tuple[str, int] | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
+        self.replicaof = replicaof
+        self.extra_args = tuple(extra_args)
         self.appendonly = appendonly
         self.port = port or free_port()
         self.host = LOOPBACK
@@ -74,42 +82,15 @@ class LocalRedis(Managed):
             self.binary = find_binaries(["redis"])["redis-server"]
         if self.dir is None:
             self.dir = Path(tempfile.mkdtemp(prefix="fleet-redis-"))
-        log_path = self.dir / "redis.log"
-        cmd = [
-            self.binary,
-            "--port", str(self.port),
-            "--bind", self.host,
-            "--dir", str(self.dir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--daemonize", "no",
-            "--logfile", str(log_path),
-        ]
-        logger.debug("starting redis: %s", " ".join(cmd))
-        self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        deadline = time.monotonic() + self.start_timeout_s
+        replica = ([] if self.replicaof is None
+                   else ["--replicaof", self.replicaof[0], str(self.replicaof[1])])
+        cmd = redis_command(self.binary, port=self.port, directory=self.dir,
+                            appendonly=self.appendonly, host=self.host,
+                            extra_args=[*self.extra_args, *replica])
         client = redis.Redis(host=self.host, port=self.port, socket_timeout=1,
                              socket_connect_timeout=1)
         try:
-            while True:
-                if self._proc.poll() is not None:
-                    raise ServicesUnavailable(
-                        f"redis-server exited with {self._proc.returncode}:\n{tail(log_path)}")
-                try:
-                    client.ping()
-                    break
-                except redis.exceptions.BusyLoadingError:
-                    pass  # replaying the AOF after a restart
-                except redis.exceptions.ConnectionError as exc:
-                    if time.monotonic() > deadline:
-                        self._kill()
-                        raise ServicesUnavailable(
-                            f"redis-server did not answer within {self.start_timeout_s} s: "
-                            f"{exc}\n{tail(log_path)}") from None
-                time.sleep(0.05)
+            self._proc = start_redis(cmd, client, self.start_timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -129,6 +110,10 @@ class LocalRedis(Managed):
             self._proc.wait(timeout=10)
         terminate_group(self._proc, timeout_s=10)
         self._proc = None
+
+    def kill(self) -> None:
+        """``kill -9`` the server (its directory stays, for :meth:`start` on the same port)."""
+        self._kill(hard=True)
 
     def restart(self, *, kill: bool = False) -> LocalRedis:
         """Stop and start again on the same port and directory.

@@ -105,8 +105,9 @@ def test_a_url_whose_port_does_not_parse_stops_at_start_up():
 
 
 def test_passwords_and_urls_are_the_knobs_marked_secret():
-    assert {k.env for k in KNOBS if k.secret} == {"RABBITMQ_PASSWORD", "REDIS_PASSWORD"}
-    assert {k.env for k in KNOBS if k.url} == {"RABBITMQ_URL", "REDIS_URL",
+    assert {k.env for k in KNOBS if k.secret} == {"RABBITMQ_PASSWORD", "REDIS_PASSWORD",
+                                                  "REDIS_SENTINEL_PASSWORD"}
+    assert {k.env for k in KNOBS if k.url} == {"RABBITMQ_URL", "RABBITMQ_URLS", "REDIS_URL",
                                                "RABBITMQ_MANAGEMENT_URL", "POSTGRES_URL"}
 
 

@@ -1,0 +1,106 @@
+"""``scrape-fleet``: one command with a subcommand per entry script, plus ``up`` and ``down``.
+
+    scrape-fleet up [--workers N] [--dir DIR]    # local mode (common/ops/local_mode.py)
+    scrape-fleet produce -f urls.txt             # = python producer.py -f urls.txt
+    scrape-fleet COMMAND --help
+
+One command with subcommands, as ``rq worker``/``rq info``, ``scrapy crawl``, ``celery
+worker``: one name to remember, one ``--help`` listing everything (NOTES #39). Each subcommand
+runs the same function as its root script (``python producer.py`` = ``scrape-fleet
+produce``), through :func:`common.ops.cli.run`: same settings, exit codes and messages. That
+function, ``NAME_main(settings, argv=None, prog=None)``, parses ``argv`` (None: the command
+line) and returns the exit code. A subcommand's module is imported only when it runs, so
+``--help`` stays fast.
+
+With no connection variable set (RABBITMQ_URL, REDIS_URL or their host/port parts), the
+commands other than ``up``/``down`` use the local fleet's fleet.env
+(:func:`common.ops.fleet_dir.use_local_fleet`), and ``export`` (without ``--follow``) reads
+the results from the local files sink's parts (``--sink-dir``), since that sink trims the
+stream.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import sys
+from functools import partial
+from importlib.metadata import PackageNotFoundError, version
+
+from common.ops import cli
+from common.ops.fleet_dir import use_local_fleet
+
+#: name: (module, function, one line of help). Local mode first, then the root scripts'.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "up": ("common.ops.local_mode", "up_main",
+           "start RabbitMQ, Redis, workers and the files sink here, in the background"),
+    "down": ("common.ops.local_mode", "down_main",
+             "stop them: workers finish their work, then sink, Redis (saved), RabbitMQ"),
+    "produce": ("common.ops.cli_seed", "produce_main", "seed URLs (producer.py)"),
+    "sitemap": ("common.ops.cli_seed", "sitemap_main",
+                "seed URLs from sitemaps and feeds (sitemap_producer.py)"),
+    "work": ("common.ops.cli_run", "work_main", "run one worker in the foreground (worker.py)"),
+    "status": ("common.ops.cli_inspect", "status_main",
+               "queues, progress, rate and ETA, workers (stats.py)"),
+    "export": ("common.ops.cli_inspect", "export_main",
+               "results as JSON Lines or CSV (export.py)"),
+    "dlq": ("common.ops.cli_inspect", "dlq_main",
+            "list, replay or purge dead letters (dlq.py)"),
+    "sink": ("common.ops.cli_run", "sink_main", "run or retire a result sink (sink.py)"),
+    "reparse": ("common.ops.reparse", "reparse_main",
+                "results again from archived WARC files, no fetching (reparse.py)"),
+}
+LOCAL_MODE = ("up", "down")
+
+
+def overview() -> str:
+    """``scrape-fleet --help``."""
+    rows = [f"  {name:<9}{help_line}" for name, (_m, _f, help_line) in COMMANDS.items()]
+    return "\n".join([
+        f"usage: scrape-fleet [-h] [--version] {{{','.join(COMMANDS)}}} ...", "",
+        "A distributed web-scraping fleet on RabbitMQ and Redis.", "",
+        "local mode (this machine, no Docker; Debian's rabbitmq-server and redis-server):",
+        *rows[:2], "", "commands (each also a root script, e.g. python producer.py):",
+        *rows[2:], "",
+        "`scrape-fleet COMMAND --help` shows a command's options. Settings are environment",
+        "variables (README, Configuration). When none of RABBITMQ_URL, REDIS_URL or their",
+        "host/port parts is set, commands use the fleet `up` started: DIR/fleet.env, with DIR",
+        "$SCRAPE_FLEET_DIR or ~/.local/share/scrape-fleet.",
+    ])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``scrape-fleet`` console script: dispatch to a command; exits with its code."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(overview(), file=sys.stdout if args else sys.stderr)
+        sys.exit(cli.EXIT_OK if args else cli.EXIT_CONFIG)
+    if args[0] == "--version":
+        print(f"scrape-fleet {_version()}")
+        sys.exit(cli.EXIT_OK)
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        print(f"scrape-fleet: unknown command {name!r}{hint} (scrape-fleet --help lists them)",
+              file=sys.stderr)
+        sys.exit(cli.EXIT_CONFIG)
+    if name not in LOCAL_MODE:
+        local = use_local_fleet(os.environ)
+        if local is not None and name == "export" and "--follow" not in rest:
+            rest = ["--sink-dir", os.environ["SINK_DIR"], *rest]  # the user's own one wins
+    module, function, _help = COMMANDS[name]
+    command = getattr(importlib.import_module(module), function)
+    cli.run(partial(command, argv=rest, prog=f"scrape-fleet {name}"))
+
+
+def _version() -> str:
+    try:
+        return version("scrape-fleet")
+    except PackageNotFoundError:
+        return "(not installed: running from a checkout)"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""Local mode: ``scrape-fleet up`` starts RabbitMQ, Redis, N workers and the files sink on this
+machine, on loopback, in the background; ``scrape-fleet down`` stops them without losing work.
+
+``up`` starts, in this order, each in its own process group and recorded in state.json as soon
+as it runs (so ``down`` can stop a half-started fleet): RabbitMQ from Debian's scripts
+(:class:`~common.ops.rabbit_node.RabbitNode`; AMQP on 5672, the management UI on 15672 when
+free, else free ports), Redis with an AOF and a password, the files sink (registered before any
+result, so the streams keep every entry until it is in the files), then the workers. It waits
+for each (the sink's registration, the workers' heartbeats), writes fleet.env and prints how to
+seed, watch, export and stop. Everything lives in one directory (:mod:`common.ops.fleet_dir`),
+kept between runs: queued URLs, results and the seen-set are there again after the next ``up``.
+
+``down`` stops in the order that loses nothing: the workers get SIGTERM and finish what they
+hold (ack after the outcome is durable; a worker still busy after ``--timeout`` is killed and
+the broker redelivers what it held at the next ``up``), the sink writes what is left, Redis
+saves and shuts down, RabbitMQ stops with ``rabbitmqctl stop``. Erlang's port mapper
+(``epmd``), shared by every node on the machine, may stay, as it does after any RabbitMQ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import quote, unquote, urlsplit
+
+import redis
+
+from common.core.config import KNOBS, Settings
+from common.ops import cli
+from common.ops.fleet_dir import (
+    DIR_VARIABLE,
+    LOCAL_VARIABLES,
+    PER_PROCESS,
+    FleetDir,
+    Proc,
+    default_dir,
+)
+from common.ops.rabbit_node import RabbitNode
+from common.ops.servers import (
+    ServicesUnavailable,
+    find_binaries,
+    pick_port,
+    redis_command,
+    start_redis,
+    tail,
+)
+from common.store.backlog import read_fill
+from common.store.keys import SINKS, worker_key
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: The ports a newcomer expects (docker compose publishes the same), used when free.
+DEFAULT_PORTS = {"amqp": 5672, "management": 15672, "redis": 6379}
+SINK_NAME = "files"
+READY_TIMEOUT_S = 60.0
+
+
+def _args(argv: list[str] | None, prog: str | None, down: bool) -> argparse.Namespace:
+    what = ("Stop the local fleet: workers drain, then the sink, Redis (saved) and RabbitMQ."
+            if down else "Start RabbitMQ, Redis, workers and the files sink on this machine, "
+                         "in the background, with their data in one directory.")
+    parser = argparse.ArgumentParser(prog=prog, description=what)
+    parser.add_argument("--dir", type=Path, metavar="DIR",
+                        help=f"the fleet's directory (default $SCRAPE_FLEET_DIR, else "
+                             f"{default_dir({})})")
+    if down:
+        parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                            help="how long workers may take to finish (default 120)")
+    else:
+        parser.add_argument("--workers", type=cli.positive_int, default=2, metavar="N",
+                            help="worker processes (default 2)")
+        parser.add_argument("--any-port", action="store_true",
+                            help="free loopback ports instead of 5672, 15672 and 6379")
+    args = parser.parse_args(argv)
+    args.fleet = FleetDir((args.dir or default_dir()).expanduser().resolve())
+    return args
+
+
+def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None = None) -> int:
+    """``scrape-fleet up``."""
+    args = _args(argv, prog, down=False)
+    fleet: FleetDir = args.fleet
+    procs, state = fleet.read_state()
+    running = [p for p in procs if p.alive]
+    if running:
+        if len(running) == len(procs):
+            print(started_text(fleet, int(str(state.get("workers", 0))), already=True))
+            return cli.EXIT_OK
+        dead = ", ".join(p.name for p in procs if not p.alive)
+        print(f"the fleet in {fleet.path} is partly up ({dead} not running): "
+              f"`scrape-fleet down{_dir_flag(fleet)}` first", file=sys.stderr)
+        return cli.EXIT_PARTIAL
+    binaries = find_binaries()
+    fleet.create()
+    node = _node(fleet, binaries, any_port=args.any_port)
+    started: list[Proc] = []
+    state = {"node": node.nodename, "workers": args.workers}
+    try:
+        print(f"starting RabbitMQ {node.nodename} (takes 5-20 s)...", flush=True)
+        started.append(Proc.of("rabbitmq", node.launch(fleet.logs / "rabbitmq.out").pid))
+        fleet.write_state(started, **state)
+        password = secrets.token_urlsafe(18)
+        redis_port = pick_port(None if args.any_port else DEFAULT_PORTS["redis"],
+                               taken=(node.port, node.management_port, node.dist_port))
+        redis_url = f"redis://:{password}@127.0.0.1:{redis_port}/0"
+        client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
+        cmd = redis_command(binaries["redis-server"], port=redis_port, directory=fleet.redis,
+                            appendonly=True, password=password)
+        started.append(Proc.of("redis", start_redis(cmd, client, timeout_s=30).pid))
+        fleet.write_state(started, **state)
+        user, secret = (quote(part, safe="") for part in node.management_auth)
+        env = {knob.env: os.environ[knob.env] for knob in KNOBS if knob.env in os.environ
+               and knob.env not in (*LOCAL_VARIABLES, *PER_PROCESS)}
+        env |= {"RABBITMQ_URL": node.url, "REDIS_URL": redis_url,
+               "RABBITMQ_MANAGEMENT_URL": f"http://{user}:{secret}@127.0.0.1:"
+                                          f"{node.management_port}",
+               "SINK_DIR": str(fleet.results)}
+        fleet.write_env(env)
+        started.append(_spawn(fleet, "sink", ["sink", "files", "--name", SINK_NAME], env))
+        fleet.write_state(started, **state)
+        _wait_ready(started[-1], fleet, lambda: client.sismember(SINKS, SINK_NAME))
+        workers = {f"local-{n}": _spawn(fleet, f"worker-{n}", ["work"], env,
+                                        {"WORKER_ID": f"local-{n}"})
+                   for n in range(1, args.workers + 1)}
+        started += workers.values()
+        fleet.write_state(started, **state)
+        for worker_id, proc in workers.items():
+            _wait_ready(proc, fleet, lambda w=worker_id: client.exists(worker_key(w)))
+    except BaseException:
+        print("start failed: stopping what started", file=sys.stderr)
+        stop_fleet(fleet, timeout_s=30, say=lambda text: print(text, file=sys.stderr))
+        raise
+    print(started_text(fleet, args.workers))
+    return cli.EXIT_OK
+
+
+def _node(fleet: FleetDir, binaries: dict[str, str], *, any_port: bool) -> RabbitNode:
+    """The fleet's node: the same name and user every run (kept in node.json: the stored
+    user must match), ports picked now."""
+    saved = fleet.rabbitmq / "node.json"
+    if saved.exists():
+        known = json.loads(saved.read_text(encoding="utf-8"))
+    elif (fleet.rabbitmq / "mnesia").exists():
+        raise ServicesUnavailable(f"{fleet.rabbitmq} holds a node but not its node.json: "
+                                  "remove that directory to start afresh")
+    else:
+        known = {"nodename": f"fleet-{secrets.token_hex(4)}@localhost", "username": "fleet",
+                 "password": secrets.token_urlsafe(18)}
+        fd = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(known, handle)
+    amqp = pick_port(None if any_port else DEFAULT_PORTS["amqp"])
+    management = pick_port(None if any_port else DEFAULT_PORTS["management"], taken=(amqp,))
+    dist = pick_port(None, taken=(amqp, management))
+    return RabbitNode(fleet.rabbitmq, known["nodename"], known["username"], known["password"],
+                      port=amqp, management_port=management, dist_port=dist, binaries=binaries)
+
+
+def _spawn(fleet: FleetDir, name: str, command: list[str], env: dict[str, str],
+           extra: dict[str, str] | None = None) -> Proc:
+    """``python -m common.ops.console COMMAND`` in the background, its output in logs/."""
+    package_root = str(Path(__file__).resolve().parents[2])  # where `common` is importable
+    inherited = {k: v for k, v in os.environ.items() if k not in LOCAL_VARIABLES}
+    full = dict(inherited, **env, **(extra or {}), PYTHONUNBUFFERED="1",
+                PYTHONPATH=os.pathsep.join(filter(None, [package_root,
+                                                         os.environ.get("PYTHONPATH")])))
+    with (fleet.logs / f"{name}.log").open("ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "common.ops.console", *command],
+                                env=full, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=fleet.path)
+    return Proc.of(name, proc.pid)
+
+
+def _wait_ready(proc: Proc, fleet: FleetDir, ready: Callable[[], object]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not ready():
+        log = fleet.logs / f"{proc.name}.log"
+        if not proc.alive:
+            raise ServicesUnavailable(f"{proc.name} exited during start-up:\n{tail(log)}")
+        if time.monotonic() > deadline:
+            raise ServicesUnavailable(f"{proc.name} not ready after {READY_TIMEOUT_S:.0f} s:\n"
+                                      f"{tail(log)}")
+        time.sleep(0.2)
+
+
+def down_main(settings: Settings, argv: list[str] | None = None,
+              prog: str | None = None) -> int:
+    """``scrape-fleet down``."""
+    args = _args(argv, prog, down=True)
+    procs, _state = args.fleet.read_state()
+    if not procs:
+        print(f"nothing is up in {args.fleet.path}")
+        return cli.EXIT_OK
+    clean = stop_fleet(args.fleet, timeout_s=args.timeout)
+    print(f"down: data kept in {args.fleet.path}; `scrape-fleet up{_dir_flag(args.fleet)}` "
+          "starts it again")
+    return cli.EXIT_OK if clean else cli.EXIT_PARTIAL
+
+
+def stop_fleet(fleet: FleetDir, *, timeout_s: float, say: Callable[[str], None] = print) -> bool:
+    """Stop what state.json lists, workers first; True when everything stopped cleanly."""
+    procs, state = fleet.read_state()
+    by_name = {p.name: p for p in procs}
+    redis_url = fleet.read_env().get("REDIS_URL")
+    clean = True
+    workers = [p for p in procs if p.name.startswith("worker-")]
+    for proc in workers:
+        proc.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    drained = [proc.wait(max(0.0, deadline - time.monotonic())) or proc.stop(0, group=True)
+               for proc in workers]
+    if workers:
+        say(f"workers: {drained.count(True)} of {len(workers)} finished their work and stopped"
+            + ("" if all(drained) else "; the rest were killed (the broker redelivers what "
+                                        "they held at the next up)"))
+        clean = all(drained)
+    if (sink := by_name.get("sink")) and sink.alive:
+        left = _on_redis(redis_url, "sink backlog", lambda c: _sink_backlog_after(c, 30))
+        clean = sink.stop(30) and clean
+        say(f"sink: every result is in {fleet.results}; stopped" if left == 0 else
+            f"sink: stopped; {left} entries left for it in Redis (written at the next up)"
+            if left else "sink: stopped (its backlog could not be read)")
+    if (server := by_name.get("redis")) and server.alive:
+        saved = bool(_on_redis(redis_url, "SHUTDOWN SAVE", _save_and_shut_down)) \
+            and server.wait(30)
+        clean = (saved or server.stop(10, group=True)) and clean
+        say("redis: saved and stopped" if saved else "redis: stopped without a save")
+    if (rabbit := by_name.get("rabbitmq")) and rabbit.alive:
+        node = RabbitNode(fleet.rabbitmq, str(state.get("node", "")), "", "")
+        try:
+            node.ctl("stop", timeout_s=60)
+        except ServicesUnavailable as exc:
+            say(f"rabbitmq: clean stop failed ({exc}); stopping its process group")
+        stopped = rabbit.wait(30) or rabbit.stop(10, group=True)
+        node.kill_leftover_beam()
+        clean = stopped and clean
+        say("rabbitmq: stopped")
+    fleet.clear()
+    return clean
+
+
+def _sink_backlog_after(client: redis.Redis, timeout_s: float) -> int:
+    """Wait until the sink has written everything recorded; the entries left after
+    ``timeout_s`` (they stay in Redis for the next run)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := read_fill(client).backlog) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _save_and_shut_down(client: redis.Redis) -> bool:
+    """SHUTDOWN SAVE: an RDB snapshot besides the AOF, then the server exits."""
+    client.shutdown(save=True)
+    return True
+
+
+def _on_redis(redis_url: str | None, what: str, action: Callable[[redis.Redis], T]) -> T | None:
+    """``action`` with a client of the fleet's Redis; None (logged) when Redis refuses."""
+    if not redis_url:
+        return None
+    client = redis.Redis.from_url(redis_url, socket_timeout=30)
+    try:
+        return action(client)
+    except redis.RedisError as exc:
+        logger.warning("%s: Redis refused: %s", what, exc)
+        return None
+    finally:
+        client.close()
+
+
+def _dir_flag(fleet: FleetDir) -> str:
+    return "" if fleet.path == default_dir() else f" --dir {fleet.path}"
+
+
+def started_text(fleet: FleetDir, workers: int, *, already: bool = False) -> str:
+    """What ``up`` prints: where everything is, and the next commands to type."""
+    env = fleet.read_env()
+    ui, amqp, store = (urlsplit(env[k]) for k in ("RABBITMQ_MANAGEMENT_URL", "RABBITMQ_URL",
+                                                  "REDIS_URL"))
+    steps = [(f"export {DIR_VARIABLE}={shlex.quote(str(fleet.path))}",
+              "so the commands below find this fleet")] if fleet.path != default_dir() else []
+    steps += [("scrape-fleet produce -f urls.txt", "seed your URLs: one a line, '#' comments"),
+              ("scrape-fleet status --watch", "progress, rate and ETA (Ctrl-C leaves)"),
+              ("scrape-fleet export -o results.jsonl", "every result so far, as JSON Lines"),
+              (f"scrape-fleet down{_dir_flag(fleet)}", "stop: workers finish what they hold")]
+    width = max(len(command) for command, _ in steps) + 2
+    return "\n".join([
+        f"scrape-fleet is {'already ' if already else ''}up: {workers} workers and the files "
+        f"sink, data in {fleet.path}",
+        f"  RabbitMQ management UI: http://localhost:{ui.port}  user "
+        f"{unquote(ui.username or '')}  password {unquote(ui.password or '')}",
+        f"  AMQP 127.0.0.1:{amqp.port}, Redis 127.0.0.1:{store.port} (URLs in {fleet.env_file})",
+        f"  logs: {fleet.logs}/  results (gzip JSON Lines): {fleet.results}/",
+        "next:", *(f"  {command:<{width}}# {why}" for command, why in steps),
+    ])

@@ -1,0 +1,90 @@
+"""What went over the wire, for the WARC archive (ARCHIVE=warc): :class:`ArchivingTransfer`.
+
+The fetcher uses it instead of :class:`~common.web.curl.Transfer` when ARCHIVE=warc: the same
+callbacks, plus the raw status line and header lines as received, the body bytes as transferred
+(before our decoding; also capped at MAX_BODY_BYTES, so a gzip stream of empty members cannot
+grow memory without end: past the cap the transfer stops and the page is marked truncated) and,
+through libcurl's debug callback (VERBOSE on, nothing printed), the request headers as sent.
+Each hop becomes an :class:`Exchange` for common/work/archive.py. With ARCHIVE=none none of this
+runs: the plain Transfer, no debug callback, no copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pycurl
+
+from common.web.curl import Transfer
+
+_ABORT = 0
+_BLANK = (b"\r\n", b"\n")
+#: Transfer.stop -> the WARC-Truncated reason of the hop's record.
+_CUT = {"truncated": "length", "redirect": "unspecified", "content_type": "unspecified"}
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One hop's request and response as they went over the wire (ARCHIVE=warc).
+
+    ``body`` is as transferred: the Content-Encoding kept (gzip stays gzip), only the chunked
+    framing removed (libcurl always de-chunks). ``cut`` says why it is incomplete: ``length``
+    (a cap ended the transfer) or ``unspecified`` (not read: a redirect hop, an unwanted
+    content type); None when complete.
+    """
+
+    url: str
+    request: bytes  # request line and headers, as libcurl sent them
+    head: bytes  # status line, header lines and the blank line, as received
+    body: bytes
+    ip: str | None
+    sent_at: float | None
+    cut: str | None
+
+
+class ArchivingTransfer(Transfer):
+    """A :class:`Transfer` that also keeps the raw request, response head and body."""
+
+    __slots__ = ("request", "raw_head", "head_done", "raw", "raw_size")
+
+    def reset(self, accept_any_type: bool) -> None:
+        super().reset(accept_any_type)
+        self.request = b""
+        self.raw_head: list[bytes] = []
+        self.head_done = False  # lines after the head are trailers, not part of it
+        self.raw: list[bytes] = []
+        self.raw_size = 0
+
+    def debug(self, kind: int, data: bytes) -> None:
+        if kind == pycurl.INFOTYPE_HEADER_OUT:
+            # A request libcurl sends again (a re-used connection that was closed) replaces
+            # the first; a head given in pieces is joined.
+            done = not self.request or self.request.endswith(b"\r\n\r\n")
+            self.request = data if done else self.request + data
+
+    def header(self, line: bytes) -> int | None:
+        if not self.head_done:
+            if line.startswith(b"HTTP/"):
+                self.raw_head = [line]  # an interim 1xx head is replaced by the final one
+            else:
+                self.raw_head.append(line)
+        verdict = super().header(line)
+        if line in _BLANK and not 100 <= self.status < 200:
+            self.head_done = True
+        return verdict
+
+    def write(self, data: bytes) -> int | None:
+        self.raw.append(data)
+        self.raw_size += len(data)
+        verdict = super().write(data)
+        if verdict is None and self.raw_size > self.fetcher.settings.max_body_bytes:
+            self.stop = "truncated"  # more raw bytes than the cap: a hostile encoding
+            return _ABORT
+        return verdict
+
+    def exchange(self, url: str, curl: pycurl.Curl, sent_at: float | None) -> Exchange:
+        """What this hop sent and received (call once ``perform()`` returned)."""
+        cut = _CUT.get(self.stop or "")
+        ip = curl.getinfo(pycurl.PRIMARY_IP) or None
+        return Exchange(url, self.request, b"".join(self.raw_head),
+                        b"" if cut == "unspecified" else b"".join(self.raw), ip, sent_at, cut)

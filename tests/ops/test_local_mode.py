@@ -1,0 +1,183 @@
+"""A newcomer's five minutes, as one test: ``pip install`` the package into a fresh venv, then
+``scrape-fleet --help``, ``up`` with 2 workers, a URL list from a file crawled from a loopback
+test site, ``status`` with progress and an ETA, ``export`` to JSON Lines, ``down``, and
+nothing left running. Then the pieces it rests on, without servers.
+
+The venv is built once per session in a temp dir, the way the README says: the hash-checked
+lock, then ``pip install --no-deps`` of a copy of only what the package needs (pyproject.toml,
+README.md, requirements*, common/), so nothing is reached from the checkout: not the root
+scripts, not devtools. It runs from another directory, without PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.ops.console import COMMANDS
+from common.ops.fleet_dir import CONNECTION_VARIABLES, FleetDir, Proc, start_time, use_local_fleet
+from common.ops.servers import pick_port
+from devtools.testsite import TestSite
+from tests.helpers import REPO_ROOT, wait_for
+
+PAGES = 400
+
+
+def _pip(venv: Path, *args: str) -> None:
+    result = subprocess.run([str(venv / "bin" / "pip"), "--disable-pip-version-check", "-q",
+                             *args], capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="session")
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with the lock and this checkout's package installed, built once per session."""
+    root = tmp_path_factory.mktemp("newcomer")
+    source = root / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "requirements.txt", "requirements.lock"):
+        shutil.copy2(REPO_ROOT / name, source / name)
+    shutil.copytree(REPO_ROOT / "common", source / "common",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    _pip(venv, "install", "--require-hashes", "--only-binary=:all:", "-r",
+         str(source / "requirements.lock"))
+    _pip(venv, "install", "--no-deps", str(source))
+    return venv
+
+
+def _processes_naming(text: str) -> list[str]:
+    """Command lines of the live (not zombie) processes that mention ``text``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline and start_time(int(proc.name)) is not None:
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_newcomer_installs_starts_crawls_a_url_file_watches_exports_and_stops(
+        fresh_venv: Path, tmp_path: Path):
+    fleet_dir, work = tmp_path / "fleet", tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in (*CONNECTION_VARIABLES, "PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(SCRAPE_FLEET_DIR=str(fleet_dir), FETCH_ALLOW_NETWORKS="127.0.0.0/8",
+               RATE_LIMIT="40/second", LOG_LEVEL="WARNING",
+               PATH=f"{fresh_venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    def fleet(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["scrape-fleet", *args], cwd=work, env=env, text=True,
+                              capture_output=True, timeout=timeout_s, check=False)
+
+    overview = fleet("--help")
+    assert overview.returncode == 0 and all(name in overview.stdout for name in COMMANDS)
+    for name in COMMANDS:
+        helped = fleet(name, "--help")
+        assert helped.returncode == 0 and f"usage: scrape-fleet {name}" in helped.stdout, \
+            helped.stderr
+
+    site = TestSite(pages=PAGES).start()
+    urls = [site.page_url(n) for n in range(1, PAGES + 1)]
+    (work / "urls.txt").write_text("# my URLs\n\n" + "\n".join(urls) + "\n", encoding="utf-8")
+    procs: list = []
+    try:
+        up = fleet("up", "--workers", "2", "--any-port", timeout_s=300)
+        procs, _state = FleetDir(fleet_dir).read_state()
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "RabbitMQ management UI: http://localhost:" in up.stdout and "password" in up.stdout
+        assert "scrape-fleet produce -f urls.txt" in up.stdout
+        assert sorted(p.name for p in procs) == ["rabbitmq", "redis", "sink", "worker-1",
+                                                 "worker-2"]
+        assert all(p.alive for p in procs)
+
+        produced = fleet("produce", "-f", "urls.txt")
+        assert produced.returncode == 0 and f"new={PAGES}" in produced.stdout, produced.stderr
+
+        status = fleet("status", "--json")
+        assert status.returncode == 0, status.stderr
+        progress = json.loads(status.stdout)["progress"]
+        assert progress["total"] >= PAGES and progress["to_do"] > 0, progress
+        assert progress["outcomes_per_s"] > 0 and progress["eta_s"] > 0, progress
+        table = fleet("status").stdout
+        assert "progress: " in table and " done (" in table and "| ETA " in table, table
+
+        def finished() -> bool:
+            now = json.loads(fleet("status", "--json").stdout)["progress"]
+            return now["done"] == PAGES and now["to_do"] == 0
+
+        assert wait_for(finished, 120, step_s=1.0)
+        exported = fleet("export", "-o", "results.jsonl")
+        assert exported.returncode == 0, exported.stderr
+        lines = (work / "results.jsonl").read_text(encoding="utf-8").splitlines()
+        records = [json.loads(line) for line in lines]
+        assert len(records) == PAGES and sorted(r["url"] for r in records) == sorted(urls)
+        assert all(r["status"] == 200 and r["id"] for r in records)
+    finally:
+        down = fleet("down", timeout_s=300)
+        site.stop()
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "workers: 2 of 2 finished their work and stopped" in down.stdout
+    assert "redis: saved and stopped" in down.stdout and "rabbitmq: stopped" in down.stdout
+    assert procs and not [p for p in procs if p.alive]
+    assert not _processes_naming(str(fleet_dir))
+    assert not (fleet_dir / "fleet.env").exists()
+    assert list((fleet_dir / "results").glob("results-*.jsonl.gz"))  # the sink's files stay
+
+
+# -- the pieces, without servers ---------------------------------------------------------------
+
+def test_commands_use_the_local_fleets_settings_unless_a_connection_variable_is_set(tmp_path):
+    fleet = FleetDir(tmp_path)
+    fleet.create()
+    fleet.write_env({"RABBITMQ_URL": "amqp://u:p@127.0.0.1:5999/%2F", "RATE_LIMIT": "5/second",
+                     "SINK_DIR": str(tmp_path / "with space")})
+    assert oct(fleet.env_file.stat().st_mode & 0o777) == "0o600"
+
+    environ = {"SCRAPE_FLEET_DIR": str(tmp_path), "RATE_LIMIT": "1/second"}
+    assert use_local_fleet(environ) == tmp_path
+    assert environ["RABBITMQ_URL"] == "amqp://u:p@127.0.0.1:5999/%2F"
+    assert environ["RATE_LIMIT"] == "1/second"  # set by hand: it wins
+    assert environ["SINK_DIR"] == str(tmp_path / "with space")
+
+    elsewhere = {"SCRAPE_FLEET_DIR": str(tmp_path), "REDIS_HOST": "127.0.0.1"}
+    assert use_local_fleet(elsewhere) is None and "RABBITMQ_URL" not in elsewhere
+
+
+def test_a_port_in_use_gives_way_to_a_free_one():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        assert pick_port(taken) != taken
+    free = pick_port(None)
+    assert pick_port(free) == free and pick_port(free, taken=(free,)) != free
+
+
+def test_a_process_is_known_by_its_pid_and_start_time_so_a_reused_pid_is_not_signalled():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        proc = Proc.of("child", child.pid)
+        assert proc.alive
+        assert not Proc("child", child.pid, proc.start + 1).alive  # another process, same pid
+        assert proc.stop(5)
+        child.wait(5)
+        assert not proc.alive
+    finally:
+        child.kill()
+        child.wait(5)

@@ -1,0 +1,334 @@
+"""The Docker commands README.md shows, checked as users will type them.
+
+Every ``docker compose ...`` command (in code blocks and inline code) is read the way Compose v2
+reads it: global options, the subcommand and its options, the services, and for ``run`` the
+command the container will really execute (the service's entrypoint, else the image's, followed
+by the arguments typed, else the service's command, else the image's CMD). It is checked
+against the configuration Compose builds from docker-compose.yml and docker-compose.override.yml
+(rendered by Debian's docker-compose, used to parse and merge only). A command that names a
+missing service or profile, or that runs something other than one of our scripts once, fails.
+
+``docker stack deploy -c docker-compose.yml`` is checked with ``docker stack config``, the
+loader and schema of ``docker stack deploy`` itself, where a Docker CLI has it (Docker 25+);
+the rules it enforces that matter here are also checked on the file directly, always. What
+neither can show without a swarm: scheduling, the overlay network, the ingress.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.helpers import REPO_ROOT, compose_config, env_example
+
+README = REPO_ROOT / "README.md"
+APP_IMAGE = "scrape-fleet:local"
+
+#: Compose v2 options: global, and per subcommand (options taking a value, flags).
+GLOBAL_VALUE_OPTS = {"--profile", "-f", "--file", "-p", "--project-name", "--env-file",
+                     "--project-directory", "--ansi", "--progress", "--parallel"}
+SUBCOMMANDS: dict[str, tuple[set[str], set[str]]] = {
+    "up": ({"--scale", "-t", "--timeout", "--wait-timeout", "--pull", "--exit-code-from",
+            "--attach", "--no-attach"},
+           {"-d", "--detach", "--build", "--no-build", "--force-recreate", "--no-recreate",
+            "--no-deps", "--remove-orphans", "--wait", "--abort-on-container-exit", "-V",
+            "--quiet-pull", "--no-start"}),
+    "run": ({"-e", "--env", "--entrypoint", "-l", "--label", "--name", "-p", "--publish", "-u",
+             "--user", "-v", "--volume", "-w", "--workdir", "--pull"},
+            {"--rm", "-d", "--detach", "-T", "--no-TTY", "-i", "--interactive", "--no-deps",
+             "--service-ports", "--build", "--remove-orphans", "--quiet-pull"}),
+    "exec": ({"-e", "--env", "-u", "--user", "-w", "--workdir", "--index"},
+             {"-d", "--detach", "-T", "--no-TTY", "--privileged", "-i", "-t"}),
+    "logs": ({"-n", "--tail", "--since", "--until", "--index"},
+             {"-f", "--follow", "-t", "--timestamps", "--no-color", "--no-log-prefix"}),
+    "down": ({"-t", "--timeout", "--rmi"}, {"-v", "--volumes", "--remove-orphans"}),
+    "ps": (set(), {"-a", "--all", "-q", "--quiet", "--services"}),
+    "build": ({"--build-arg"}, {"--no-cache", "--pull", "-q", "--quiet"}),
+    "pull": (set(), {"-q", "--quiet", "--ignore-pull-failures"}),
+    "stop": ({"-t", "--timeout"}, set()),
+    "restart": ({"-t", "--timeout"}, {"--no-deps"}),
+    "config": (set(), {"-q", "--quiet", "--services", "--profiles", "--volumes"}),
+}
+
+
+# -- reading README ----------------------------------------------------------------------------
+
+def readme_commands(text: str) -> list[list[str]]:
+    """Every command line in ``text``'s code blocks and inline code, split like a shell."""
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```", text, re.S | re.M)
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    prose = re.sub(r"^```[a-z]*\n.*?^```", "", text, flags=re.S | re.M)
+    lines += re.findall(r"`([^`\n]+)`", prose)
+    commands = []
+    for line in lines:
+        for part in re.split(r"&&|;|\|", line):
+            try:
+                tokens = shlex.split(part, comments=True)
+            except ValueError:
+                continue
+            if tokens:
+                commands.append(tokens)
+    return commands
+
+
+def compose_commands(text: str) -> list[list[str]]:
+    return [tokens[2:] for tokens in readme_commands(text)
+            if tokens[:2] == ["docker", "compose"] and len(tokens) > 2]
+
+
+# -- Compose v2's reading of a command ---------------------------------------------------------
+
+def _take_options(args: list[str], value_opts: set[str], flags: set[str],
+                  stop_at_positional: bool) -> tuple[dict[str, list[str]], list[str]]:
+    options: dict[str, list[str]] = {}
+    positionals: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if positionals and stop_at_positional:
+            positionals.append(arg)
+        elif arg.startswith("-") and arg != "-":
+            name, eq, value = arg.partition("=")
+            if name in value_opts:
+                if not eq:
+                    i += 1
+                    value = args[i]
+                options.setdefault(name, []).append(value)
+            elif name in flags and not eq:
+                options.setdefault(name, []).append("")
+            else:
+                raise AssertionError(f"unknown option {arg!r}: teach {__name__} or fix README")
+        else:
+            positionals.append(arg)
+        i += 1
+    return options, positionals
+
+
+def parse(args: list[str]) -> dict[str, Any]:
+    """One `docker compose` command line (without `docker compose`), as Compose v2 reads it."""
+    global_opts, rest = {}, list(args)
+    while rest and rest[0].startswith("-"):
+        name, eq, value = rest.pop(0).partition("=")
+        assert name in GLOBAL_VALUE_OPTS, f"unknown global option {name!r}"
+        global_opts.setdefault(name, []).append(value if eq else rest.pop(0))
+    assert rest, f"no subcommand in {args}"
+    subcommand = rest.pop(0)
+    assert subcommand in SUBCOMMANDS, f"unknown subcommand {subcommand!r}: teach {__name__}"
+    value_opts, flags = SUBCOMMANDS[subcommand]
+    # `run` and `exec` stop at the service: what follows is the container's command.
+    options, positionals = _take_options(rest, value_opts, flags,
+                                         stop_at_positional=subcommand in {"run", "exec"})
+    services, command = positionals, []
+    if subcommand in {"run", "exec"}:
+        services, command = positionals[:1], positionals[1:]
+        assert services, f"`{subcommand}` needs a service: {args}"
+    return {"global": global_opts, "subcommand": subcommand, "options": options,
+            "services": services, "command": command}
+
+
+def _dockerfile() -> tuple[list[str], list[str]]:
+    """The image's ENTRYPOINT and CMD (exec form)."""
+    entrypoint: list[str] = []
+    cmd: list[str] = []
+    for line in (REPO_ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("ENTRYPOINT "):
+            entrypoint = yaml.safe_load(line.split(None, 1)[1])
+        elif line.startswith("CMD "):
+            cmd = yaml.safe_load(line.split(None, 1)[1])
+    return entrypoint, cmd
+
+
+def container_argv(service: dict[str, Any], typed: list[str],
+                   entrypoint_override: str | None = None) -> list[str]:
+    """What `docker compose run SERVICE TYPED...` executes in the container."""
+    image_entrypoint, image_cmd = _dockerfile()
+    if entrypoint_override is not None:
+        entrypoint = shlex.split(entrypoint_override)
+    else:
+        entrypoint = service.get("entrypoint") or []
+    # Docker drops the image's CMD when the entrypoint is set by the service or the command.
+    entrypoint_set = entrypoint_override is not None or "entrypoint" in service
+    if not entrypoint_set:
+        entrypoint = image_entrypoint
+    command = typed or service.get("command") or ([] if entrypoint_set else image_cmd)
+    return [*entrypoint, *command]
+
+
+def runs_one_of_our_scripts(argv: list[str]) -> str | None:
+    """None when ``argv`` is `python SCRIPT.py ARGS` with SCRIPT.py in the repository and no
+    second interpreter or script; else what is wrong."""
+    if len(argv) < 2 or argv[0] != "python" or not argv[1].endswith(".py"):
+        return f"not `python SCRIPT.py ...`: {argv}"
+    if not (REPO_ROOT / argv[1]).is_file():
+        return f"no script {argv[1]}: {argv}"
+    if "python" in argv[2:] or any((REPO_ROOT / a).is_file() for a in argv[2:]
+                                   if a.endswith(".py")):
+        return f"runs a second interpreter or script: {argv}"
+    return None
+
+
+def check(command: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    """What is wrong with one parsed command against the merged compose configuration."""
+    services = config["services"]
+    problems = []
+    known_profiles = {p for s in services.values() for p in s.get("profiles", [])}
+    for profile in command["global"].get("--profile", []):
+        if profile not in known_profiles:
+            problems.append(f"no profile {profile!r}")
+    for file in command["global"].get("-f", []) + command["global"].get("--file", []):
+        if not (REPO_ROOT / file).is_file():
+            problems.append(f"no file {file}")
+    for name in command["services"]:
+        if name not in services:
+            problems.append(f"no service {name!r}")
+    for scale in command["options"].get("--scale", []):
+        if scale.partition("=")[0] not in services:
+            problems.append(f"--scale names no service: {scale}")
+    if problems:
+        return problems
+    if command["subcommand"] == "up" and not any(
+            s.startswith("scraper=") for s in command["options"].get("--scale", [])):
+        # Compose v2 brings every service to deploy.replicas on `up` (else to one).
+        if not services["scraper"].get("deploy", {}).get("replicas"):
+            problems.append("`up` would reset the scrapers to one: no deploy.replicas")
+    if command["subcommand"] == "run":
+        service = services[command["services"][0]]
+        if service.get("image") == APP_IMAGE:
+            entrypoint = command["options"].get("--entrypoint", [None])[-1]
+            wrong = runs_one_of_our_scripts(container_argv(service, command["command"],
+                                                           entrypoint))
+            if wrong:
+                problems.append(wrong)
+    return problems
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    result = compose_config(tmp_path_factory.mktemp("compose"), env_example())
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_readme_shows_the_compose_commands_a_user_needs():
+    subcommands = {parse(args)["subcommand"] for args in compose_commands(README.read_text())}
+    assert {"up", "run", "logs"} <= subcommands
+
+
+def test_every_compose_command_in_the_readme_works_as_written(config):
+    problems = {}
+    for args in compose_commands(README.read_text()):
+        wrong = check(parse(args), config)
+        if wrong:
+            problems[shlex.join(["docker", "compose", *args])] = wrong
+    assert problems == {}
+
+
+def test_the_readme_shows_no_compose_v1_command():
+    v1 = [t for t in readme_commands(README.read_text())
+          if t[0] == "docker-compose" and len(t) > 1]
+    assert v1 == []
+
+
+def test_the_check_catches_the_mistakes_users_met(config):
+    doubled = "run --rm producer python producer.py https://example.com/"
+    assert any("second interpreter" in p for p in check(parse(doubled.split()), config))
+    stats_via_producer = "run --rm producer python stats.py"
+    assert check(parse(stats_via_producer.split()), config)
+    assert check(parse("--profile monitorin up -d".split()), config) == [
+        "no profile 'monitorin'"]
+    assert check(parse("logs -f scrapers".split()), config) == ["no service 'scrapers'"]
+    reset = {**config["services"]["scraper"], "deploy": {}}
+    assert check(parse("--profile monitoring up -d".split()),
+                 {**config, "services": {**config["services"], "scraper": reset}})
+    with pytest.raises(AssertionError, match="unknown option"):
+        parse("up --detatch".split())
+
+
+def test_the_tools_run_their_script_with_what_follows_the_service_name(config):
+    services = config["services"]
+    assert container_argv(services["producer"], ["https://a.example/"]) == [
+        "python", "producer.py", "https://a.example/"]
+    assert container_argv(services["sitemap_producer"], ["https://a.example/"])[:2] == [
+        "python", "sitemap_producer.py"]
+    assert container_argv(services["tools"], ["python", "dlq.py", "list"]) == [
+        "python", "dlq.py", "list"]
+    assert container_argv(services["tools"], []) == ["python", "stats.py"]
+    assert container_argv(services["scraper"], []) == ["python", "worker.py"]
+
+
+# -- Swarm: docker-compose.yml alone -------------------------------------------------------------
+
+def stack_deploy_files(text: str) -> list[list[str]]:
+    """The compose files of every `docker stack deploy` command in ``text``."""
+    found = []
+    for tokens in readme_commands(text):
+        if tokens[:3] == ["docker", "stack", "deploy"] and len(tokens) > 3:
+            files = [tokens[i + 1] for i, t in enumerate(tokens)
+                     if t in {"-c", "--compose-file"}]
+            found.append(files)
+    return found
+
+
+def test_the_readme_deploys_the_stack_from_docker_compose_yml_alone():
+    assert stack_deploy_files(README.read_text()) == [["docker-compose.yml"]]
+
+
+def test_the_swarm_file_uses_only_what_docker_stack_deploy_accepts(tmp_path):
+    base = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
+    for name, service in base["services"].items():
+        # docker stack deploy refuses these (or, for ports, would publish on every address).
+        assert not {"profiles", "mem_limit", "extends", "tmpfs", "ports"} & set(service), name
+        assert isinstance(service.get("depends_on", []), list), name
+        assert service["deploy"]["restart_policy"]["condition"] == "any", name
+        assert service["deploy"]["resources"]["limits"]["memory"], name
+    scraper = base["services"]["scraper"]["deploy"]
+    assert {"replicas", "update_config", "rollback_config"} <= set(scraper)
+    for name in ("rabbitmq", "redis", "sink"):
+        constraints = base["services"][name]["deploy"]["placement"]["constraints"]
+        assert constraints == ["node.labels.fleet.data == true"], name
+    result = compose_config(tmp_path, env_example(), files=("docker-compose.yml",))
+    assert result.returncode == 0, result.stderr
+
+
+def _docker_with_stack_config() -> str:
+    candidates = [shutil.which("docker"), "/usr/local/bin/docker", "/usr/bin/docker"]
+    for candidate in dict.fromkeys(c for c in candidates if c and Path(c).is_file()):
+        result = subprocess.run([candidate, "stack", "config", "--help"], capture_output=True,
+                                text=True, timeout=30, stdin=subprocess.DEVNULL)
+        if result.returncode == 0 and "--compose-file" in result.stdout:
+            return candidate
+    # Not installable here: no Debian package has a Docker CLI with `stack config` (25+).
+    pytest.skip("no Docker CLI with `docker stack config`; the static check above still ran")
+
+
+def test_docker_stack_deploy_reads_the_compose_file(tmp_path):
+    docker = _docker_with_stack_config()
+    # As README: `set -a; . ./.env; set +a` before `docker stack deploy`.
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env_example()}
+    result = subprocess.run([docker, "stack", "config", "-c", "docker-compose.yml"],
+                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    stack = yaml.safe_load(result.stdout)
+    assert set(stack["services"]) == {"rabbitmq", "redis", "scraper", "sink", "scheduler"}
+    assert all("ports" not in s for s in stack["services"].values())
+    scraper = stack["services"]["scraper"]["deploy"]
+    assert scraper["replicas"] == int(env_example()["SCRAPER_REPLICAS"])
+    assert scraper["update_config"]["failure_action"] == "rollback"
+    assert int(scraper["resources"]["limits"]["memory"]) == 256 * 2**20
+    assert stack["services"]["scraper"]["image"] == env_example()["FLEET_IMAGE"]
+
+    refused = (REPO_ROOT / "docker-compose.override.yml").read_text()
+    (tmp_path / "both.yml").write_text(refused)
+    result = subprocess.run([docker, "stack", "config", "-c", "docker-compose.yml", "-c",
+                             str(tmp_path / "both.yml")], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode != 0, "the override (profiles, conditions) is compose-only"

@@ -21,6 +21,8 @@ import random
 import pika
 import pika.exceptions
 
+from common.broker import topology
+from common.broker.publisher import ConfirmingPublisher
 from common.core.backoff import keep_trying
 from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, ServiceUnavailable
@@ -76,3 +78,11 @@ def connect_rabbitmq(settings: Settings) -> pika.BlockingConnection:
 
     return keep_trying(connect, timeout_s=settings.connect_retry_s, retry_on=_RETRYABLE,
                        service="RabbitMQ", where=where)
+
+
+def open_publisher(settings: Settings) -> tuple[pika.BlockingConnection, ConfirmingPublisher]:
+    """A connection to a live node with the topology declared (QUEUE_TYPE) and a confirming
+    publisher on it: what every process that publishes URLs opens first."""
+    connection = connect_rabbitmq(settings)
+    topology.declare(connection.channel(), settings.queue_type)
+    return connection, ConfirmingPublisher(connection)

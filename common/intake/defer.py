@@ -37,8 +37,7 @@ from typing import Any
 import pika
 import redis
 
-from common.broker import topology
-from common.broker.connection import connect_rabbitmq
+from common.broker.connection import open_publisher
 from common.broker.publisher import ConfirmingPublisher
 from common.core.backoff import reconnect_delay_s
 from common.core.config import Settings
@@ -310,9 +309,7 @@ class Releaser:
 
     def _ensure_publisher(self) -> ConfirmingPublisher:
         if self._publisher is None:
-            self._connection = connect_rabbitmq(self.settings)
-            topology.declare(self._connection.channel(), self.settings.queue_type)
-            self._publisher = ConfirmingPublisher(self._connection)
+            self._connection, self._publisher = open_publisher(self.settings)
         return self._publisher
 
     def _keepalive(self) -> None:  # pika answers the broker's heartbeats only in here

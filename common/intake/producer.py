@@ -32,7 +32,7 @@ import pika.exceptions
 import redis
 
 from common.broker import topology
-from common.broker.connection import connect_rabbitmq
+from common.broker.connection import open_publisher
 from common.broker.deadletter import DLQ_EXCHANGE, DLQ_ROUTING_KEY, dead_letter_headers
 from common.broker.messages import WorkMessage
 from common.broker.publisher import ConfirmingPublisher
@@ -140,9 +140,7 @@ class Producer:
 
     def _ensure_publisher(self) -> ConfirmingPublisher:
         if self._publisher is None:
-            self._connection = connect_rabbitmq(self.settings)
-            topology.declare(self._connection.channel(), self.settings.queue_type)
-            self._publisher = ConfirmingPublisher(self._connection)
+            self._connection, self._publisher = open_publisher(self.settings)
         return self._publisher
 
     def submit(self, raw_urls: Iterable[str], *, force_priority: bool = False,

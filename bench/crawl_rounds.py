@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -215,39 +215,44 @@ def phase_peer(ctx: Ctx, urls: Sequence[str], tag: str, extract: bool = False,
     for start in range(0, len(urls), 10_000):
         client.rpush(PEER_KEY, *urls[start:start + 10_000])
     log(f"peer: {len(urls)} URLs in {PEER_KEY}; starting {sizes.spiders} scrapy-redis spiders")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    figures = watch_peer(ctx, urls, tag, PEER_UA, "peer", 120 + len(urls) / 10, lambda: [
+        Watched.start([str(python), "-m", "bench.peer_spider", "--redis-url", peer_url,
+                       "--key", PEER_KEY, "--concurrency", str(sizes.peer_concurrency),
+                       "--idle-close-s", "3", "--scheduler", scheduler,
+                       *(["--extract"] if extract else [])],
+                      name=f"spider-{i + 1}", env=env, cwd=REPO_ROOT,
+                      log_path=ctx.work / f"peer-{scheduler}-{tag}-spider-{i + 1}.log")
+        for i in range(sizes.spiders)])
+    figures.update(scheduler=scheduler, items=int(client.llen("peer:items")),
+                   left_in_list=int(client.llen(PEER_KEY)))
+    client.close()
+    return figures
+
+
+def watch_peer(ctx: Ctx, urls: Sequence[str], tag: str, user_agent: str, phase: str,
+               timeout_s: float, start: Callable[[], list[Watched]]) -> dict[str, Any]:
+    """Start a peer's processes, wait for them, and its figures: pages from nginx's log (its
+    User-Agent), CPU and peak RSS from the kernel, counted from its first page request."""
     cpu_before = services_cpu(ctx, rabbitmq=False)
     busy_before, wall_before = machine_busy_s(), time.monotonic()
     offset = ctx.server.log_offset()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    timeout_s = 120 + len(urls) / 10
-    spiders = [Watched.start([str(python), "-m", "bench.peer_spider", "--redis-url", peer_url,
-                              "--key", PEER_KEY, "--concurrency", str(sizes.peer_concurrency),
-                              "--idle-close-s", "3", "--scheduler", scheduler,
-                              *(["--extract"] if extract else [])],
-                             name=f"spider-{i + 1}", env=env, cwd=REPO_ROOT,
-                             log_path=ctx.work / f"peer-{scheduler}-{tag}-spider-{i + 1}.log")
-               for i in range(sizes.spiders)]
-    with profilers(ctx, spiders, f"peer-{tag}") as profiles:
-        codes = wait_all(spiders, timeout_s)
+    procs = start()
+    with profilers(ctx, procs, f"{phase}-{tag}") as profiles:
+        codes = wait_all(procs, timeout_s)
     busy_after, wall_after = machine_busy_s(), time.monotonic()
     cpu_after = services_cpu(ctx, rabbitmq=False)
-    items = int(client.llen("peer:items"))
-    left = int(client.llen(PEER_KEY))
-    client.close()
-    lines, pages, first = logged_crawl(ctx, offset, PEER_UA, "peer")
-    spider_cpu_s = sum((s.cpu_s or 0.0) - s.cpu_at(first) for s in spiders)
+    _lines, pages, first = logged_crawl(ctx, offset, user_agent, phase)
+    cpu_s = sum((p.cpu_s or 0.0) - p.cpu_at(first) for p in procs)
     system = cpu_delta(cpu_before, cpu_after)
-    system["spiders"] = round(sum(s.cpu_s or 0.0 for s in spiders), 3)
+    system["spiders"] = round(sum(p.cpu_s or 0.0 for p in procs), 3)
     n = len(pages)
     return {
         **page_figures(tag, urls, pages),
-        "scheduler": scheduler,
-        "items": items,
-        "left_in_list": left,
         "exit_codes": codes,
-        "spider_cpu_s": round(spider_cpu_s, 3),
-        "cpu_ms_per_page": 1000 * spider_cpu_s / n,
-        "spider_maxrss_mb": [round((s.maxrss_kb or 0) / 1024, 1) for s in spiders],
+        "spider_cpu_s": round(cpu_s, 3),
+        "cpu_ms_per_page": 1000 * cpu_s / n,
+        "spider_maxrss_mb": [round((p.maxrss_kb or 0) / 1024, 1) for p in procs],
         "system_cpu_s": system,
         "system_cpu_ms_per_page": 1000 * sum(system.values()) / n,
         "other_cpu_cores": other_cores(busy_after - busy_before, sum(system.values()),

@@ -11,23 +11,19 @@ shared machine falls on all alike; each crawler's rounds merge into one figure s
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.crawl_rounds import (
-    logged_crawl,
-    machine_busy_s,
     merge_rounds,
-    other_cores,
-    page_figures,
     peer_unavailable,
     phase_fleet,
     phase_peer,
+    watch_peer,
 )
-from bench.procstat import Watched, wait_all
-from bench.shared import REPO_ROOT, Ctx, cpu_delta, log, profilers, reset, services_cpu
+from bench.procstat import Watched
+from bench.shared import REPO_ROOT, Ctx, log, reset
 from bench.sink_rate import CAPTURE_FILE
 
 CRAWLEE_UA = "crawlee-peer/bench"
@@ -45,46 +41,27 @@ def phase_crawlee(ctx: Ctx, urls: Sequence[str], tag: str, extract: bool = False
     python = Path(ctx.args.bench_python)
     reset(ctx.services)
     halves = [urls[0::2], urls[1::2]]
-    cpu_before = services_cpu(ctx, rabbitmq=False)
-    busy_before, wall_before = machine_busy_s(), time.monotonic()
-    offset = ctx.server.log_offset()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(REPO_ROOT)
-    procs = []
-    for i, half in enumerate(halves):
-        home = ctx.work / f"crawlee-{tag}-{i + 1}"
-        home.mkdir()
-        (home / "urls.txt").write_text("\n".join(half) + "\n")
-        procs.append(Watched.start(
-            [str(python), "-m", "bench.crawlee_peer", "--urls", str(home / "urls.txt"),
-             "--concurrency", str(ctx.sizes.peer_concurrency),
-             *(["--extract"] if extract else [])],
-            name=f"crawlee-{i + 1}", env=dict(env, CRAWLEE_STORAGE_DIR=str(home / "storage")),
-            cwd=home, log_path=ctx.work / f"crawlee-{tag}-{i + 1}.log"))
-    with profilers(ctx, procs, f"crawlee-{tag}") as profiles:
-        codes = wait_all(procs, 120 + len(urls) / 10)
-    busy_after, wall_after = machine_busy_s(), time.monotonic()
-    cpu_after = services_cpu(ctx, rabbitmq=False)
-    items = sum(len(list((ctx.work / f"crawlee-{tag}-{i + 1}" / "storage" / "datasets"
-                          / "default").glob("0*.json"))) for i in range(len(halves)))
-    _lines, pages, first = logged_crawl(ctx, offset, CRAWLEE_UA, "crawlee")
-    cpu_s = sum((p.cpu_s or 0.0) - p.cpu_at(first) for p in procs)
-    system = cpu_delta(cpu_before, cpu_after)
-    system["crawlers"] = round(sum(p.cpu_s or 0.0 for p in procs), 3)
-    n = len(pages)
-    return {
-        **page_figures(tag, urls, pages),
-        "items": items,
-        "exit_codes": codes,
-        "spider_cpu_s": round(cpu_s, 3),
-        "cpu_ms_per_page": 1000 * cpu_s / n,
-        "crawler_maxrss_mb": [round((p.maxrss_kb or 0) / 1024, 1) for p in procs],
-        "system_cpu_s": system,
-        "system_cpu_ms_per_page": 1000 * sum(system.values()) / n,
-        "other_cpu_cores": other_cores(busy_after - busy_before, sum(system.values()),
-                                       wall_after - wall_before),
-        "profile_files": [str(p) for p in profiles],
-    }
+    homes = [ctx.work / f"crawlee-{tag}-{i + 1}" for i in range(len(halves))]
+
+    def start() -> list[Watched]:
+        procs = []
+        for i, (home, half) in enumerate(zip(homes, halves, strict=True)):
+            home.mkdir()
+            (home / "urls.txt").write_text("\n".join(half) + "\n")
+            procs.append(Watched.start(
+                [str(python), "-m", "bench.crawlee_peer", "--urls", str(home / "urls.txt"),
+                 "--concurrency", str(ctx.sizes.peer_concurrency),
+                 *(["--extract"] if extract else [])],
+                name=f"crawlee-{i + 1}", env=dict(env, CRAWLEE_STORAGE_DIR=str(home / "storage")),
+                cwd=home, log_path=ctx.work / f"crawlee-{tag}-{i + 1}.log"))
+        return procs
+
+    figures = watch_peer(ctx, urls, tag, CRAWLEE_UA, "crawlee", 120 + len(urls) / 10, start)
+    figures["items"] = sum(len(list((home / "storage" / "datasets" / "default").glob("0*.json")))
+                           for home in homes)
+    return figures
 
 
 def phase_crawl(ctx: Ctx, wanted: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -300,8 +300,9 @@ def started_text(fleet: FleetDir, workers: int, *, already: bool = False) -> str
     return "\n".join([
         f"scrape-fleet is {'already ' if already else ''}up: {workers} workers and the files "
         f"sink, data in {fleet.path}",
+        # The password is never printed: it is in fleet.env (mode 0600), RABBITMQ_MANAGEMENT_URL.
         f"  RabbitMQ management UI: http://localhost:{ui.port}  user "
-        f"{unquote(ui.username or '')}  password {unquote(ui.password or '')}",
+        f"{unquote(ui.username or '')}  password: RABBITMQ_MANAGEMENT_URL in {fleet.env_file}",
         f"  AMQP 127.0.0.1:{amqp.port}, Redis 127.0.0.1:{store.port} (URLs in {fleet.env_file})",
         f"  logs: {fleet.logs}/  results (gzip JSON Lines): {fleet.results}/",
         "next:", *(f"  {command:<{width}}# {why}" for command, why in steps),

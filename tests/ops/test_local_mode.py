@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -101,6 +102,8 @@ def test_a_newcomer_installs_starts_crawls_a_url_file_watches_exports_and_stops(
         procs, _state = FleetDir(fleet_dir).read_state()
         assert up.returncode == 0, up.stdout + up.stderr
         assert "RabbitMQ management UI: http://localhost:" in up.stdout and "password" in up.stdout
+        management = FleetDir(fleet_dir).read_env()["RABBITMQ_MANAGEMENT_URL"]
+        assert unquote(urlsplit(management).password) not in up.stdout  # never printed
         assert "scrape-fleet produce -f urls.txt" in up.stdout
         assert sorted(p.name for p in procs) == ["rabbitmq", "redis", "sink", "worker-1",
                                                  "worker-2"]

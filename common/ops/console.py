@@ -48,6 +48,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "dlq": ("common.ops.cli_inspect", "dlq_main",
             "list, replay or purge dead letters (dlq.py)"),
     "sink": ("common.ops.cli_run", "sink_main", "run or retire a result sink (sink.py)"),
+    "schedule": ("common.ops.cli_schedule", "schedule_main",
+                 "recrawl URLs on an adaptive schedule (scheduler.py)"),
     "reparse": ("common.ops.reparse", "reparse_main",
                 "results again from archived WARC files, no fetching (reparse.py)"),
 }

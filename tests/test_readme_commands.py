@@ -10,6 +10,7 @@ The rule, one kind of command at a time (:func:`classify`):
   gives them (``--x``, ``-x``) must be in that help: a renamed or removed option fails here.
   ``scrape-fleet`` is run as ``python -m common.ops.console``, the function pyproject.toml's
   console script names (checked below).
+- **Tools of the venv** (``.venv/bin/warcio check ...``): their ``--help`` likewise.
 - **Shell utilities** (``cp``, ``echo``, ``printf``, ``set``, ``python3 -c``, a bare
   ``VAR=value``...): run as written, in order, one bash per block with ``set -e``, in a
   temporary copy of the working tree, so a block that writes ``.env`` then reads it works.
@@ -18,7 +19,8 @@ The rule, one kind of command at a time (:func:`classify`):
   and tests/test_deploy.py check the files they read); ``bash scripts/test.sh`` and
   ``bash scripts/run_local.sh`` (CI runs the first, tests/test_end_to_end.py the fleet the
   second starts; both take minutes); ``pip install`` (tests/ops/test_local_mode.py runs it in
-  a fresh venv); ``apt-get``/``sudo`` (they change the machine).
+  a fresh venv); ``apt-get``/``sudo`` (they change the machine); ``rabbitmqctl`` (it
+  administers a running broker).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ SKIPPED = {
     ("pip", "install"): "run in a fresh venv by tests/ops/test_local_mode.py",
     ("apt-get",): "changes the machine",
     ("sudo",): "changes the machine",
+    ("rabbitmqctl",): "administers a running broker (tests/broker/test_quorum.py runs a cluster)",
 }
 #: Programs whose --help is run instead of the command (see the module docstring).
 PYTHONS = {"python", "python3", ".venv/bin/python"}
@@ -110,6 +113,8 @@ def classify(command: Command) -> tuple[str, object]:
             return "skip", reason
     if words[0] == "scrape-fleet":
         return "help", ([sys.executable, "-m", "common.ops.console"], words[1:])
+    if words[0].startswith(".venv/bin/") and words[0] not in PYTHONS:  # a tool of the venv
+        return "help", ([str(REPO_ROOT / words[0])], words[1:])
     if words[:2] == ["bash", "bench/run.sh"]:
         return "help", ([sys.executable, "-m", "bench.run"], words[2:])
     if words[0] in PYTHONS and len(words) > 1:

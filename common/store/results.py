@@ -155,7 +155,18 @@ class ResultStore:
             return bool(appended)
         raise redis.exceptions.NoScriptError("the result script vanished again after SCRIPT LOAD")
 
-    def _confirm(self, url: str, confirmed: int) -> None:
+    def confirm_replicated(self, url: str) -> None:
+        """A redelivery found its URL's outcome already recorded: before that delivery is
+        acked, the replicas must hold the outcome too (the first delivery's worker may have
+        died inside its WAIT). A write and a WAIT, only with REDIS_MIN_REPLICAS; else nothing.
+
+        Raises:
+            ReplicaTimeout: still too few replicas after REDIS_WAIT_MAX_S.
+        """
+        if self.min_replicas > 0:
+            self._confirm(url, 0, announce=False)
+
+    def _confirm(self, url: str, confirmed: int, announce: bool = True) -> None:
         """WAIT again until the replicas confirm, for up to REDIS_WAIT_MAX_S in all. Each try
         writes first (HINCRBY ``replica_waits``): WAIT counts the writes of the connection it
         runs on, and any later write of any connection covers the result. A Redis error (the
@@ -165,14 +176,18 @@ class ResultStore:
             ReplicaTimeout: still too few after REDIS_WAIT_MAX_S.
         """
         started = time.monotonic()
-        logger.warning("%d of %d replicas confirmed the outcome of %s; not acked, waiting for "
-                       "them (up to %gs)", confirmed, self.min_replicas, url, self.wait_max_s)
+        if announce:
+            logger.warning("%d of %d replicas confirmed the outcome of %s; not acked, waiting "
+                           "for them (up to %gs)", confirmed, self.min_replicas, url,
+                           self.wait_max_s)
         while time.monotonic() - started < self.wait_max_s:
             pipe = self.client.pipeline(transaction=False)
             pipe.hincrby(COUNTERS, REPLICA_WAITS, 1)
             pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
             confirmed = int(pipe.execute()[1])
             if confirmed >= self.min_replicas:
+                if not announce:
+                    return
                 logger.info("replicas confirmed the outcome of %s after %.1fs", url,
                             time.monotonic() - started)
                 return

@@ -170,7 +170,8 @@ class Processor:
                                        done=done, booked_ms=booked if type(booked) is int else 0,
                                        max_wait_ms=wait_left_ms(message, self.settings.max_wait_s))
         metrics.show_throttle(domain, admission.throttle)
-        if admission.already_done:
+        if admission.already_done:  # acked only once the replicas hold that outcome too
+            self.results.confirm_replicated(url)
             return Outcome("already_done", url, detail="redelivered, outcome already recorded")
         if admission.too_late:  # MAX_WAIT_S: its turn would come after its wait limit
             return self._dead_letter(message, url, queue, waited_too_long(message, admission))

@@ -229,3 +229,20 @@ def test_without_min_replicas_record_sends_no_wait(sentinels):
         assert _record(replicated, done2, f"http://e.test/{n}")
     assert _commands(primary, "wait") - after[0] == 10, "one WAIT per result, pipelined"
     client.close()
+
+
+def test_a_redelivery_that_finds_its_outcome_recorded_waits_for_the_replicas_before_its_ack(
+        sentinels):
+    _client, store, done = _store(sentinels, REDIS_MIN_REPLICAS="2")
+    primary = redis.Redis.from_url(sentinels.url)
+    before = _commands(primary, "wait")
+    store.confirm_replicated("http://f.test/1")
+    assert _commands(primary, "wait") - before == 1, "one WAIT for the redelivered outcome"
+    _client3, late, _done3 = _store(sentinels, REDIS_MIN_REPLICAS="3",  # only 2 replicas exist
+                                    REDIS_WAIT_TIMEOUT_MS="100", REDIS_WAIT_MAX_S="0.3")
+    with pytest.raises(ReplicaTimeout, match="2 of 3 replicas confirmed.*http://f.test/2"):
+        late.confirm_replicated("http://f.test/2")  # not acked: the delivery is held
+    _client4, off, _done4 = _store(sentinels)
+    before = _commands(primary, "wait")
+    off.confirm_replicated("http://f.test/3")
+    assert _commands(primary, "wait") == before, "nothing without REDIS_MIN_REPLICAS"

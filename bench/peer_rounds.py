@@ -38,7 +38,7 @@ PEERS: dict[str, Callable[[Ctx, Sequence[str], str], dict[str, Any]]] = {
 def phase_crawlee(ctx: Ctx, urls: Sequence[str], tag: str, extract: bool = False
                   ) -> dict[str, Any]:
     """The same URLs, two Crawlee processes each with half of them (default storage)."""
-    python = Path(ctx.args.bench_python)
+    python = Path(ctx.args.bench_python).resolve()  # the processes run in their own dirs
     reset(ctx.services)
     halves = [urls[0::2], urls[1::2]]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

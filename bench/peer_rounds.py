@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from bench.crawl_rounds import (
@@ -38,7 +37,8 @@ PEERS: dict[str, Callable[[Ctx, Sequence[str], str], dict[str, Any]]] = {
 def phase_crawlee(ctx: Ctx, urls: Sequence[str], tag: str, extract: bool = False
                   ) -> dict[str, Any]:
     """The same URLs, two Crawlee processes each with half of them (default storage)."""
-    python = Path(ctx.args.bench_python).resolve()  # the processes run in their own dirs
+    python = REPO_ROOT / ctx.args.bench_python  # absolute (they run in their own dirs); not
+    # resolve(): that would follow the venv's symlink to the base interpreter
     reset(ctx.services)
     halves = [urls[0::2], urls[1::2]]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -49,8 +49,9 @@ from common.web.ratelimit import Rate, RateLimiter
 logger = logging.getLogger(__name__)
 
 #: A releaser looks for due members when the next one is due, but at most every MIN_POLL_S
-#: (the lead covers that lateness) and at least every POLL_S.
-MIN_POLL_S, POLL_S = 0.2, 1.0
+#: and at least every half DEFER_LEAD_S, up to POLL_S (the lead covers that lateness); an idle
+#: releaser is one call every few seconds, not a per-page cost (the bench's hot-path row).
+MIN_POLL_S, POLL_S = 0.2, 5.0
 # KEYS[1] deferred  KEYS[2] deferred:counts  KEYS[2+d] deferred:next:{domain d}, d = 1..D
 # ARGV[1] lead ms  ARGV[2] D  ARGV[2+d] domain d's spacing ms  ARGV[2+D+d] domain d's name
 # ARGV[3+2D...] pairs: the URL's domain number, its member.
@@ -212,6 +213,8 @@ class Releaser:
         self.client = client if client is not None else redis_client(settings)
         self.batch = settings.defer_batch
         self.lease_ms = max(1, round(settings.defer_lease_s * 1000))
+        lead = settings.defer_lead_s
+        self.poll_s = POLL_S if lead <= 0 else min(POLL_S, max(MIN_POLL_S, lead / 2))
         self.released = 0
         self._claim = self.client.register_script(CLAIM_LUA)
         self._settle = self.client.register_script(SETTLE_LUA)
@@ -245,22 +248,23 @@ class Releaser:
                     claimed, wait_s = 0, reconnect_delay_s(failures)
                 if claimed < self.batch:
                     # Jitter: the releasers of several workers do not poll in step.
-                    self.stop.wait(max(MIN_POLL_S, min(POLL_S, wait_s)) * random.uniform(0.8, 1))
+                    self.stop.wait(max(MIN_POLL_S, min(self.poll_s, wait_s))
+                                   * random.uniform(0.8, 1))
         finally:
             self._close_amqp()
 
     def claim(self) -> tuple[list[bytes], float]:
         """Lease up to ``batch`` members (due, or whose lease ran out): the members, and
-        seconds until the next one is due (POLL_S when none is)."""
+        seconds until the next one is due (the poll interval when none is)."""
         reply = self._claim(keys=[DEFERRED, DEFERRED_INFLIGHT], args=[self.batch, self.lease_ms])
-        return reply[1:], (POLL_S if int(reply[0]) < 0 else int(reply[0]) / 1000)
+        return reply[1:], (self.poll_s if int(reply[0]) < 0 else int(reply[0]) / 1000)
 
     def release_once(self) -> tuple[int, float]:
         """Claim one batch, publish it with confirms, remove what was confirmed.
 
         Returns:
-            How many members were claimed, and seconds until the next is due (POLL_S when
-            none is).
+            How many members were claimed, and seconds until the next is due (the poll
+            interval when none is).
         """
         self._keepalive()
         members, wait_s = self.claim()

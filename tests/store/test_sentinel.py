@@ -60,9 +60,9 @@ def _commands(client: redis.Redis, name: str) -> int:
 # -- settings -------------------------------------------------------------------------------------
 
 def test_sentinel_addresses_are_parsed_and_a_bad_one_is_named():
-    settings = load_settings({"REDIS_SENTINELS": "10.0.0.5:26379, [::1]:26380",
+    settings = load_settings({"REDIS_SENTINELS": "sentinel-a:26379, [::1]:26380",
                               "REDIS_SENTINEL_MASTER": "fleet"})
-    assert settings.redis_sentinels == (("10.0.0.5", 26379), ("::1", 26380))
+    assert settings.redis_sentinels == (("sentinel-a", 26379), ("::1", 26380))
     assert load_settings({}).redis_sentinels == ()
     with pytest.raises(ConfigError, match="REDIS_SENTINELS.*expected host:port"):
         load_settings({"REDIS_SENTINELS": "sentinel-1"})

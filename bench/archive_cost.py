@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import resource
 import sys
 import tempfile
 import time
@@ -38,13 +37,11 @@ import redis  # noqa: E402
 
 from bench.farm import Farm, NginxFarm  # noqa: E402
 from bench.farm_pages import Site, page_html, paragraph_pool  # noqa: E402
+from bench.worker_cost import run_one_worker  # noqa: E402
 from common.core.config import load_settings  # noqa: E402
-from common.intake.producer import Producer  # noqa: E402
 from common.web.capture import Exchange  # noqa: E402
 from common.web.fetch import FetchResult  # noqa: E402
 from common.work.archive import Archive  # noqa: E402
-from common.work.processor import Processor  # noqa: E402
-from common.work.worker import Worker  # noqa: E402
 from devtools.services import fleet_services, reset_state  # noqa: E402
 
 MODES = {"none": {"ARCHIVE": "none"}, "warc": {"ARCHIVE": "warc"},
@@ -112,14 +109,7 @@ def measure_fleet(pages: int, sites: int, concurrency: int, directory: Path) -> 
                     "LOG_LEVEL": "WARNING", "RATE_LIMIT": "100000/second", "CACHE_TTL_S": "0",
                     "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "ARCHIVE_DIR": warc_dir, **env})
                 client = redis.Redis.from_url(services.redis_url)
-                with Producer(settings, client) as producer:
-                    producer.submit(urls)
-                worker = Worker(settings, Processor(settings, client))
-                before = resource.getrusage(resource.RUSAGE_SELF)
-                started = time.perf_counter()
-                worker.run()
-                wall_s = time.perf_counter() - started - settings.idle_exit_s
-                after = resource.getrusage(resource.RUSAGE_SELF)
+                worker, before, after, wall_s = run_one_worker(settings, client, list(urls))
                 client.close()
                 n = max(1, worker.processed)
                 cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

@@ -21,13 +21,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis  # noqa: E402
 
 from bench.farm import Farm, NginxFarm  # noqa: E402
-from common.core.config import load_settings  # noqa: E402
+from common.core.config import Settings, load_settings  # noqa: E402
 from common.intake.producer import Producer  # noqa: E402
 from common.work.processor import Processor  # noqa: E402
 from common.work.worker import Worker  # noqa: E402
@@ -55,14 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                 "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", **extra})
             client = redis.Redis.from_url(services.redis_url)
             urls = [site.page_url(n) for site in farm.sites for n in range(1, per_site + 1)]
-            with Producer(settings, client) as producer:
-                producer.submit(urls)
-            worker = Worker(settings, Processor(settings, client))
-            before = resource.getrusage(resource.RUSAGE_SELF)
-            started = time.perf_counter()
-            worker.run()
-            wall_s = time.perf_counter() - started - settings.idle_exit_s
-            after = resource.getrusage(resource.RUSAGE_SELF)
+            worker, before, after, wall_s = run_one_worker(settings, client, urls)
     n = max(1, worker.processed)
     user_us = (after.ru_utime - before.ru_utime) / n * 1e6
     system_us = (after.ru_stime - before.ru_stime) / n * 1e6
@@ -73,6 +67,20 @@ def main(argv: list[str] | None = None) -> int:
           f"voluntary {(after.ru_nivcsw - before.ru_nivcsw) / n:.1f} involuntary; "
           f"{n / wall_s:.0f} pages/s")
     return 0
+
+
+def run_one_worker(settings: Settings, client: redis.Redis, urls: list[str]
+                   ) -> tuple[Worker, Any, Any, float]:
+    """Seed ``urls``, run one worker in this process until it idles out: the worker, this
+    process's rusage before and after, and the wall time without the idle wait."""
+    with Producer(settings, client) as producer:
+        producer.submit(urls)
+    worker = Worker(settings, Processor(settings, client))
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    worker.run()
+    wall_s = time.perf_counter() - started - settings.idle_exit_s
+    return worker, before, resource.getrusage(resource.RUSAGE_SELF), wall_s
 
 
 if __name__ == "__main__":

@@ -55,6 +55,21 @@ def start_worker_process(settings: Settings, *args: str, env: dict[str, str] | N
     return proc
 
 
+def wait_workers_ok(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    """Wait for worker processes to exit (each within ``timeout_s``), kill any left, and
+    assert every one exited 0 (its output in the message)."""
+    try:
+        for proc in procs:
+            proc.wait(timeout=timeout_s)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    for proc in procs:
+        assert proc.returncode == 0, output_of(proc)[-3000:]
+
+
 def output_of(proc: subprocess.Popen) -> str:
     """What a process from :func:`start_worker_process` printed so far."""
     log = proc.log_file  # type: ignore[attr-defined]

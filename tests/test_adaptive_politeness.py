@@ -24,11 +24,11 @@ from devtools.testsite import RequestRecord, TestSite, start_sites
 from tests.helpers import (
     WorkerThread,
     drain,
-    output_of,
     queue_depth,
     results,
     start_worker_process,
     wait_for,
+    wait_workers_ok,
 )
 
 pytestmark = pytest.mark.slow
@@ -75,16 +75,9 @@ def _fleet(settings, env: dict[str, str], during: Callable[[], None], workers: i
                                   preexec_fn=_lower_priority) for i in range(workers)]
     try:
         during()
-        for proc in procs:
-            proc.wait(timeout=120)
+        wait_workers_ok(procs, 120)
     finally:
         gc.enable()
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-    for proc in procs:
-        assert proc.returncode == 0, output_of(proc)[-3000:]
 
 
 def _per_window(times: Sequence[float], start: float, end: float, window_s: float = 0.5) -> list:

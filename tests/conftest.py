@@ -210,3 +210,13 @@ def small_stream_nodes(redis_client: redis.Redis) -> Iterator[int]:
     finally:
         redis_client.config_set(key, before)
 
+
+@pytest.fixture
+def own_sites() -> Iterator[list[TestSite]]:
+    """Collects TestSites a test starts and stops them afterwards, whatever happens."""
+    started: list[TestSite] = []
+    try:
+        yield started
+    finally:
+        for one in started:
+            one.stop()

@@ -10,7 +10,7 @@ import gc
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -40,16 +40,6 @@ RATE = 4  # requests per second per domain, the configured limit here
 THROTTLE_ENV = {"RATE_LIMIT_GUARD": "0.03", "THROTTLE_JITTER": "0", "THROTTLE_BLOCK_START_S": "2",
                 "THROTTLE_BLOCK_MAX_S": "60", "THROTTLE_INCREASE": "0.25",
                 "THROTTLE_FORGIVE_S": "5", "MAX_RETRIES": "8"}
-
-
-@pytest.fixture
-def own_sites() -> Iterator[list[TestSite]]:
-    started: list[TestSite] = []
-    try:
-        yield started
-    finally:
-        for one in started:
-            one.stop()
 
 
 def _seed(settings, redis_client, urls: Sequence[str]) -> None:

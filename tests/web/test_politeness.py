@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import os
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -71,17 +71,6 @@ def _run_worker(settings, timeout_s: float = 60, **overrides) -> None:
         assert worker.join(timeout_s) == 0
 
 
-@pytest.fixture
-def own_site() -> Iterator[list[TestSite]]:
-    """Collects TestSites a test starts and stops them afterwards, whatever happens."""
-    started: list[TestSite] = []
-    try:
-        yield started
-    finally:
-        for one in started:
-            one.stop()
-
-
 # -- the shared rate limit -------------------------------------------------------------------
 
 
@@ -91,12 +80,12 @@ def _lower_priority() -> None:
 
 
 def test_four_worker_processes_share_one_limit_per_site_as_measured_by_the_sites(
-        settings, redis_client, amqp_channel, own_site):
+        settings, redis_client, amqp_channel, own_sites):
     per_site = 16
     # Hosts of their own: 127.0.0.1 is shared with the session test site and the services,
     # and both clean-clone failures of this test (0.942 s, 0.992 s) were on 127.0.0.1.
     sites = start_sites(5, first_host="127.0.0.21", pages=20)
-    own_site.extend(sites)
+    own_sites.extend(sites)
     urls = [s.page_url(n) for n in range(1, per_site + 1) for s in sites]
     _seed(settings, redis_client, urls)
 
@@ -161,9 +150,9 @@ def test_four_worker_processes_share_one_limit_per_site_as_measured_by_the_sites
 
 
 def test_an_over_limit_domain_is_delayed_not_dropped_and_does_not_hold_up_another(
-        settings, redis_client, amqp_channel, own_site):
+        settings, redis_client, amqp_channel, own_sites):
     fast, slow = start_sites(2, pages=40)
-    own_site.extend([fast, slow])
+    own_sites.extend([fast, slow])
     limited = load_settings({"RABBITMQ_URL": settings.rabbitmq_url,
                              "REDIS_URL": settings.redis_url, **TEST_ENV,
                              "RATE_LIMITS": f"{slow.host}=1/second"})
@@ -199,10 +188,10 @@ def _private_page(record: RequestRecord) -> tuple[int, dict[str, str], bytes]:
 
 
 def test_disallowed_urls_are_dead_lettered_unfetched_and_robots_txt_is_fetched_once(
-        settings, redis_client, amqp_channel, own_site):
+        settings, redis_client, amqp_channel, own_sites):
     site = TestSite("127.0.0.3", pages=30,
                     robots_txt="User-agent: *\nDisallow: /private\n").start()
-    own_site.append(site)
+    own_sites.append(site)
     private = [site.url(f"/private/{n}") for n in range(1, 5)]
     for url in private:
         site.route(url[len(site.base_url):], _private_page)
@@ -232,9 +221,9 @@ def test_disallowed_urls_are_dead_lettered_unfetched_and_robots_txt_is_fetched_o
 
 
 def test_crawl_delay_spaces_requests_to_the_site_even_under_a_generous_rate_limit(
-        settings, redis_client, own_site):
+        settings, redis_client, own_sites):
     site = TestSite("127.0.0.4", pages=10, robots_txt="User-agent: *\nCrawl-delay: 1\n").start()
-    own_site.append(site)
+    own_sites.append(site)
     urls = [site.page_url(n) for n in range(1, 4)]
     _seed(settings, redis_client, urls)
 
@@ -264,9 +253,9 @@ def test_a_missing_robots_txt_allows_every_url(settings, redis_client, amqp_chan
 
 
 def test_an_unavailable_robots_txt_holds_the_url_back_then_gives_up_after_the_retries(
-        settings, redis_client, amqp_channel, own_site):
+        settings, redis_client, amqp_channel, own_sites):
     site = TestSite("127.0.0.5", pages=5).start()
-    own_site.append(site)
+    own_sites.append(site)
     site.route("/robots.txt", lambda _r: (503, {"Content-Type": "text/plain"}, b"down"))
     url = site.page_url(1)
     _seed(settings, redis_client, [url])

@@ -22,7 +22,7 @@ from common.broker.messages import WorkMessage
 from common.core.config import Settings
 from common.intake.schedule import Schedule
 from common.store.keys import SCHEDULE_DUE, SCHEDULE_INFLIGHT, SCHEDULE_LEASE, SINKS
-from devtools.testsite import TestSite
+from devtools.testsite import RequestRecord, TestSite
 from tests.helpers import (
     REPO_ROOT,
     TEST_ENV,
@@ -135,23 +135,45 @@ def test_one_of_two_schedulers_leads_and_a_killed_leader_is_replaced_within_the_
 
 
 class ChangingSite:
-    """Routes of a loopback site: ``/changing`` is new at every request, ``/still`` never."""
+    """Routes of a loopback site: ``/changing`` is new at every request (and sends no
+    validators), ``/still`` never changes: it sends an ETag and a Last-Modified and answers
+    304 Not Modified, without a body, to a request whose If-None-Match is its ETag."""
+
+    ETAG = '"still-1"'
+    LAST_MODIFIED = "Wed, 21 Oct 2015 07:28:00 GMT"
 
     def __init__(self, site: TestSite) -> None:
         self.visits = 0
+        self.still_statuses: list[int] = []
         self._lock = threading.Lock()
         site.route("/changing", self._changing)
-        site.route("/still", lambda _r: self._page("Still", "the same words every time"))
+        site.route("/still", self._still)
 
     def _changing(self, _record: object) -> tuple[int, dict[str, str], bytes]:
         with self._lock:
             self.visits += 1
             return self._page("Changing", f"edition number {self.visits}")
 
+    def _still(self, record: RequestRecord) -> tuple[int, dict[str, str], bytes]:
+        validators = {"ETag": self.ETAG, "Last-Modified": self.LAST_MODIFIED}
+        if header(record, "If-None-Match") == self.ETAG:
+            status, headers, body = 304, validators, b""
+        else:
+            status, headers, body = self._page("Still", "the same words every time")
+            headers.update(validators)
+        with self._lock:
+            self.still_statuses.append(status)
+        return status, headers, body
+
     @staticmethod
     def _page(title: str, text: str) -> tuple[int, dict[str, str], bytes]:
         body = f"<html><head><title>{title}</title></head><body><p>{text}</p></body></html>"
         return 200, {"Content-Type": "text/html; charset=utf-8"}, body.encode()
+
+
+def header(record: RequestRecord, name: str) -> str | None:
+    """A request header of ``record`` whatever the case the client sent it in."""
+    return next((v for k, v in record.headers.items() if k.lower() == name.lower()), None)
 
 
 def test_recrawls_revisit_pages_and_their_intervals_adapt_to_change(settings, redis_client,
@@ -162,9 +184,12 @@ def test_recrawls_revisit_pages_and_their_intervals_adapt_to_change(settings, re
                                    schedule_interval_s=4, cache_ttl_s=0)
     schedule = Schedule(redis_client, fast)
     with TestSite(pages=3) as site, WorkerThread(fast):
-        ChangingSite(site)
+        pages = ChangingSite(site)
         changing, still = site.url("/changing"), site.url("/still")
         assert schedule.add([(changing, 4, 0), (still, 4, 0)], replace=True).added == 2
+        # A registered sink that has not read yet holds the trimming of results (the scheduler's
+        # own sink trims what it acknowledged), so every record is still there at the end.
+        redis_client.sadd(SINKS, "fleet-test-reader")
         processes.append(start_scheduler(settings, "sched-e2e", env))
         converged = wait_for(lambda: (schedule.entry(changing)["interval_s"],
                                       schedule.entry(still)["interval_s"]) == (1, 8),
@@ -172,8 +197,8 @@ def test_recrawls_revisit_pages_and_their_intervals_adapt_to_change(settings, re
         log = output_of(processes[0])
         assert converged, (schedule.entry(changing), schedule.entry(still), log[-3000:])
         time.sleep(3)  # the changing page is now revisited about every second
-        hits = {path: [r.wall_time_s for r in site.requests_for(path)]
-                for path in ("/changing", "/still")}
+        requests = {path: site.requests_for(path) for path in ("/changing", "/still")}
+        hits = {path: [r.wall_time_s for r in rs] for path, rs in requests.items()}
     assert redis_client.sismember(SINKS, "scheduler")  # it reads results as a sink
     # A visit comes up to a tick (0.25 s) plus a fetch after its due time (the first one
     # also after the site's robots.txt, so the first gap may be a little short).
@@ -188,3 +213,17 @@ def test_recrawls_revisit_pages_and_their_intervals_adapt_to_change(settings, re
     assert len(gaps) >= 6 and near(gaps, [4, 2] + [1] * (len(gaps) - 2)), gaps
     entry = schedule.entry(changing)
     assert entry["changes"] == entry["visits"] - 1 >= 6
+    # Conditional requests: after the first visit, /still was asked "changed since?" with the
+    # validators of the last visit and answered 304, which the worker recorded as unchanged
+    # (and the interval still grew to the max, above); /changing sends none, so never asked.
+    still_sent = [header(r, "If-None-Match") for r in requests["/still"]]
+    assert still_sent[0] is None and len(still_sent) >= 3, still_sent
+    assert set(still_sent[1:]) == {ChangingSite.ETAG}, still_sent
+    assert all(header(r, "If-Modified-Since") == ChangingSite.LAST_MODIFIED
+               for r in requests["/still"][1:])
+    assert pages.still_statuses[0] == 200 and set(pages.still_statuses[1:]) == {304}
+    assert not any(header(r, "If-None-Match") for r in requests["/changing"])
+    records = [r for r in results(redis_client) if r["url"] == still]
+    assert records[0]["status"] == 200 and records[0]["etag"] == ChangingSite.ETAG
+    assert len(records) >= 3 and all(r["status"] == 304 and r["unchanged"] is True
+                                     and "content_hash" not in r for r in records[1:]), records

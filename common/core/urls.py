@@ -96,3 +96,15 @@ def fingerprint(canonical_url: str) -> Fingerprint:
 def domain_of(url: str) -> str:
     """The host a URL is fetched from (lower-case, no port): the unit of politeness."""
     return (urlsplit(url).hostname or "").lower()
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without a ``user:password@`` part (a redirect target's credentials are never
+    sent and never recorded); unchanged when it has none or cannot be parsed."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))

@@ -60,6 +60,33 @@ return grant
 """
 
 
+class ThreadProducers:
+    """One :class:`Producer` (AMQP connection) per fetch thread, created on its first use."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.client = client
+        self._local = threading.local()
+        self._producers: list[Producer] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> Producer:
+        producer = getattr(self._local, "producer", None)
+        if producer is None:
+            producer = Producer(self.settings, self.client)
+            self._local.producer = producer
+            with self._lock:
+                self._producers.append(producer)
+        return producer
+
+    def close(self) -> None:
+        """Close every fetch thread's producer (called once, when the worker stops)."""
+        with self._lock:
+            producers, self._producers = self._producers, []
+        for producer in producers:
+            producer.close()
+
+
 class LinkFollower:
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
@@ -67,25 +94,11 @@ class LinkFollower:
         self.allowed = tuple(d.strip().lower() for d in settings.crawl_allowed_domains.split(",")
                              if d.strip())
         self._spend = client.register_script(SPEND_LUA)
-        self._local = threading.local()  # one Producer (AMQP connection) per fetch thread
-        self._producers: list[Producer] = []
-        self._producers_lock = threading.Lock()
-
-    def _producer(self) -> Producer:
-        producer = getattr(self._local, "producer", None)
-        if producer is None:
-            producer = Producer(self.settings, self.client)
-            self._local.producer = producer
-            with self._producers_lock:
-                self._producers.append(producer)
-        return producer
+        self.producers = ThreadProducers(settings, client)
 
     def close(self) -> None:
         """Close every fetch thread's producer (called once, when the worker stops)."""
-        with self._producers_lock:
-            producers, self._producers = self._producers, []
-        for producer in producers:
-            producer.close()
+        self.producers.close()
 
     def in_scope(self, page_url: str, link: str,
                  domains: tuple[str, ...] | None = None) -> bool:
@@ -98,39 +111,43 @@ class LinkFollower:
         return any(host == d or host.endswith("." + d) for d in allowed)
 
     def follow_plan(self, page_url: str, plan: FollowPlanLike, depth: int,
-                    rules: RobotsRules | None, page_token: str) -> ProduceSummary | None:
+                    rules: RobotsRules | None, page_token: str,
+                    scope: str | None = None) -> ProduceSummary | None:
         """Enqueue what a page's follow rules kept (:class:`common.work.follow.FollowPlan`)."""
         if not plan.links:
             return None
         return self.follow(page_url, plan.links, depth, rules, page_token,
                            force_priority=plan.priority, max_depth=plan.max_depth,
-                           domains=plan.domains)
+                           domains=plan.domains, scope=scope)
 
     def follow(self, page_url: str, links: Sequence[str], depth: int,
                rules: RobotsRules | None, page_token: str,
                force_priority: bool = False, max_depth: int | None = None,
-               domains: tuple[str, ...] | None = None) -> ProduceSummary | None:
+               domains: tuple[str, ...] | None = None,
+               scope: str | None = None) -> ProduceSummary | None:
         """Enqueue the in-scope links of a page at ``depth``; None when nothing to follow.
 
         ``page_token`` names the page (the same on a redelivery): its new links are claimed
         for it while they are published (see :class:`common.store.dedupe.Claims`).
         ``force_priority`` routes them to the priority queue (EXTRACTOR's ``priority``, a
         follow rule's); ``max_depth`` and ``domains`` are a follow rule's (default
-        CRAWL_MAX_DEPTH and CRAWL_ALLOWED_DOMAINS).
+        CRAWL_MAX_DEPTH and CRAWL_ALLOWED_DOMAINS). ``scope`` is the URL the producer
+        accepted when the page was reached through a redirect to another host: the "own
+        host" rule is judged from it, not from where the redirect landed.
         """
         limit = self.settings.crawl_max_depth if max_depth is None else max_depth
         if depth + 1 > limit:
             return None
-        chosen = [link for link in links if self.in_scope(page_url, link, domains)
+        chosen = [link for link in links if self.in_scope(scope or page_url, link, domains)
                   and (rules is None or domain_of(link) != domain_of(page_url)
                        or rules.allows(link))]
         if not chosen:
             return None
-        return self._producer().submit(chosen, depth=depth + 1, keep=self._within_budget,
+        return self.producers.get().submit(chosen, depth=depth + 1, keep=self.within_budget,
                                        claim_token=page_token,
                                        force_priority=force_priority)
 
-    def _within_budget(self, urls: list[str]) -> list[bool]:
+    def within_budget(self, urls: list[str]) -> list[bool]:
         by_domain: dict[str, list[int]] = defaultdict(list)
         for index, url in enumerate(urls):
             by_domain[domain_of(url)].append(index)

@@ -94,9 +94,12 @@ class _Accepted:
     ttl_ms: int | None
     depth: int
     nonce: str | None = None
+    extra: dict[str, Any] | None = None  # more message fields (a redirect's scope, validators)
 
     def message(self) -> WorkMessage:
-        extra = {"nonce": self.nonce} if self.nonce else {}
+        extra = dict(self.extra) if self.extra else {}
+        if self.nonce:
+            extra["nonce"] = self.nonce
         return WorkMessage(url=self.url, depth=self.depth, fp=self.fp.hex, extra=extra)
 
     def pending(self) -> Pending:
@@ -145,7 +148,8 @@ class Producer:
 
     def submit(self, raw_urls: Iterable[str], *, force_priority: bool = False,
                depth: int = 0, keep: Keep | None = None,
-               recrawl: bool = False, claim_token: str | None = None) -> ProduceSummary:
+               recrawl: bool = False, claim_token: str | None = None,
+               extra: dict[str, Any] | None = None) -> ProduceSummary:
         """Send URLs through canonicalise → dedupe → route → publish; return the counts.
 
         Args:
@@ -160,6 +164,8 @@ class Producer:
             claim_token: claim each new URL for this token before publishing it (crawl mode:
                 the page's own token), so that concurrent producers publish a URL once; URLs
                 claimed by another token count as duplicates.
+            extra: fields added to every message (a redirect target's ``scope`` and
+                ``redirected_from``).
 
         Raises:
             ServiceUnavailable: the broker or Redis could not be reached (after backoff).
@@ -167,12 +173,13 @@ class Producer:
         total = ProduceSummary()
         for chunk in batched(raw_urls, self.settings.producer_batch):
             total.merge(self._submit_batch(chunk, force_priority, depth, keep, recrawl,
-                                           claim_token))
+                                           claim_token, extra))
         return total
 
     def _submit_batch(self, raw_urls: list[str], force_priority: bool,
                       depth: int, keep: Keep | None = None,
-                      recrawl: bool = False, claim_token: str | None = None) -> ProduceSummary:
+                      recrawl: bool = False, claim_token: str | None = None,
+                      extra: dict[str, Any] | None = None) -> ProduceSummary:
         summary = ProduceSummary(read=len(raw_urls))
         candidates: list[tuple[str, Fingerprint]] = []
         invalid: list[tuple[str, str]] = []
@@ -197,7 +204,7 @@ class Producer:
             queued.add(fp)
             route = self.router.route(url, force_priority=force_priority)
             accepted.append(_Accepted(url, fp, route.queue, route.ttl_ms, depth,
-                                      uuid.uuid4().hex[:16] if recrawl else None))
+                                      uuid.uuid4().hex[:16] if recrawl else None, extra))
         if keep is not None and accepted:
             verdicts = keep([item.url for item in accepted])
             summary.over_budget = verdicts.count(False)

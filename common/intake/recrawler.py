@@ -12,9 +12,10 @@ leader takes nothing; what it had taken and not rescheduled is taken over by the
 One tick of the leader: unless the work queues already hold SCHEDULE_MAX_QUEUED messages
 (due URLs wait in the schedule rather than in queues whose TTL would expire them), take up
 to SCHEDULE_BATCH due URLs into ``schedule:inflight`` → route and publish them as recrawls
-with confirms (the producer's own publish-and-retry, with the due time's nonce) → reschedule
-the confirmed ones at now + interval, put the others back at their due time. A full batch
-is followed by the next at once (after renewing the lease).
+with confirms (the producer's own publish-and-retry, with the due time's nonce and the last
+visit's ETag / Last-Modified as ``extra["validators"]``, read by the same take, so the worker
+asks "changed since?") → reschedule the confirmed ones at now + interval, put the others back
+at their due time. A full batch is followed by the next at once (after renewing the lease).
 
 A due time published twice (the leader killed after the broker had the batch and before it
 was rescheduled: the new leader publishes it again) carries the same nonce both times, so the
@@ -22,8 +23,9 @@ workers' done set records one outcome for it.
 
 While it leads, a replica also runs ``learn`` (the root script passes a result-sink loop:
 ``common.sink.reader.run_sink`` with :class:`Learner`, registered as the sink ``scheduler``),
-which feeds what each result record says (:func:`observation`) to :meth:`Schedule.learn`; it
-stops when the lease is lost. URLs get a schedule from ``scheduler.py add`` (any interval,
+which feeds what each result record says (:func:`common.intake.schedule.observation` and
+:func:`~common.intake.schedule.validators`) to :meth:`Schedule.learn`; it stops when the lease
+is lost. URLs get a schedule from ``scheduler.py add`` (any interval,
 :func:`parse_duration`) or ``scheduler.py sitemap`` (:func:`schedule_site`: seeded as
 sitemap_producer.py does, each new URL's first interval from its ``changefreq``, else half the
 age of its ``lastmod``, else SCHEDULE_INTERVAL_S).
@@ -49,7 +51,7 @@ from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, REDIS_UNAVAILABLE, ServiceUnavailable
 from common.core.urls import fingerprint
 from common.intake.producer import Producer, _Accepted
-from common.intake.schedule import AddSummary, Due, Schedule
+from common.intake.schedule import AddSummary, Due, Schedule, observation, validators
 from common.intake.sitemaps import SitemapReader, SiteReport, produce_site
 from common.store.keys import RESULTS_STREAM, SCHEDULE_FENCE, SCHEDULE_LEASE
 
@@ -138,19 +140,6 @@ def schedule_site(target: str, reader: SitemapReader, producer: Producer, schedu
     return report, added
 
 
-def observation(record: dict[str, Any]) -> tuple[str, str]:
-    """What a result record says about a change: ``('u', '')`` unchanged (a 304), ``('h',
-    hash)`` a content_hash to compare, ``('n', '')`` nothing (cache hit, no hash, not 2xx)."""
-    status = record.get("status")
-    if status == 304 or record.get("unchanged") is True:
-        return "u", ""
-    digest = record.get("content_hash")
-    if (isinstance(digest, str) and digest and not record.get("cached")
-            and isinstance(status, int) and 200 <= status < 300):
-        return "h", digest
-    return "n", ""
-
-
 class Lease:
     """The scheduler's leader lease, held by ``owner`` (unique per process)."""
 
@@ -194,13 +183,15 @@ class RecrawlProducer(Producer):
             return None
 
     def publish_due(self, due: list[Due]) -> tuple[list[Due], list[Due]]:
-        """Publish (or defer, as the producer does: fairness across domains); returns
-        (confirmed or deferred, not confirmed)."""
+        """Publish (or defer, as the producer does: fairness across domains), each with the
+        validators of its last visit (``extra["validators"]``, the worker's conditional
+        request); returns (confirmed or deferred, not confirmed)."""
         accepted = []
         for item in due:
             route = self.router.route(item.url)
+            extra = {"validators": given} if (given := item.validators) else None
             accepted.append(_Accepted(item.url, fingerprint(item.url), route.queue,
-                                      route.ttl_ms, 0, item.nonce))
+                                      route.ttl_ms, 0, item.nonce, extra))
         deferred = self._defer(accepted)
         published, _failed = self._publish_with_retries(
             [item for item in accepted if id(item) not in deferred], [])
@@ -234,7 +225,8 @@ class Learner:
         self.schedule = schedule
 
     def write(self, entries: list[Any]) -> None:
-        self.schedule.learn((e.record["url"], e.id, *observation(e.record)) for e in entries
+        self.schedule.learn((e.record["url"], e.id, *observation(e.record),
+                             *validators(e.record)) for e in entries
                             if e.stream == RESULTS_STREAM and isinstance(e.record.get("url"), str))
 
     def close(self) -> None:

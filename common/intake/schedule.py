@@ -3,12 +3,15 @@ intervals that adapt to how often each page changes.
 
 Keys (:mod:`common.store.keys`): ``schedule:due`` (ZSET url → next visit, Redis ms clock),
 ``schedule:inflight`` (HASH url → ``token:due_ms:taken_ms``), ``schedule:state`` (HASH url →
-JSON ``{i, h, id, v, c}``). Every step is one Lua script, so it is atomic and one round trip:
+JSON ``{i, h, id, v, c, e, m}``: interval s, last content_hash, last results id learned,
+visits, changes, last ETag, last Last-Modified). Every step is one Lua script
+(:mod:`common.intake.schedule_scripts`), so it is atomic and one round trip:
 
 * :meth:`Schedule.take` checks the lease (``schedule:lease`` must hold the caller's fencing
   token, :mod:`common.intake.recrawler`), takes over in-flight entries of an older token that
   are a lease old (a leader that died between taking and rescheduling), then moves due URLs to
-  ``schedule:inflight``. A deposed leader takes nothing.
+  ``schedule:inflight``, each with the validators its state holds (:attr:`Due.validators`,
+  sent as ``If-None-Match`` / ``If-Modified-Since``). A deposed leader takes nothing.
 * :meth:`Schedule.settle` reschedules what was published (now + interval); :meth:`release`
   puts back what was not, at its old due time. Both touch only entries that still carry the
   caller's token, so a leader that lost its entries to a newer one changes nothing.
@@ -19,7 +22,10 @@ JSON ``{i, h, id, v, c}``). Every step is one Lua script, so it is atomic and on
   / ``unchanged: true`` → ``i = ceil(i·(1 + GROWTH))``; both within
   [SCHEDULE_MIN_INTERVAL_S, SCHEDULE_MAX_INTERVAL_S], and the next visit moves to now + i.
   The first visit (nothing to compare), a cache hit, a record without ``content_hash`` and a
-  dead letter leave the interval as it is.
+  dead letter leave the interval as it is. The same record's ``etag`` / ``last_modified``
+  become the URL's validators (``e``, ``m``): a 304 updates those it carries, any other
+  record carrying one replaces both, a record carrying none keeps them. Only scheduled URLs
+  have a state, so only they cost memory for validators.
 
 Each published visit carries the nonce ``sched:{due_ms}`` (:attr:`Due.nonce`): the done mark
 of one due time. A due time published twice (a leader killed after the broker confirmed and
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import redis
@@ -38,6 +44,7 @@ import redis
 from common.core.config import Settings
 from common.core.errors import ConfigError, InvalidURL
 from common.core.urls import canonicalize
+from common.intake.schedule_scripts import ADD_LUA, LEARN_LUA, SETTLE_LUA, TAKE_LUA
 from common.store.keys import (
     SCHEDULE_DUE,
     SCHEDULE_INFLIGHT,
@@ -46,160 +53,67 @@ from common.store.keys import (
 )
 
 ADD_BATCH = 1000
-
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
-# KEYS[1] schedule:state  KEYS[2] schedule:due  KEYS[3] schedule:inflight
-# ARGV[1] '1': replace the interval and next visit of URLs already scheduled, '0': keep them
-# ARGV[2..] url, interval s, first visit after ms; ... Returns {added, updated}.
-ADD_LUA = _NOW + """
-local added, updated = 0, 0
-for i = 2, #ARGV, 3 do
-  local url, iv, at = ARGV[i], tonumber(ARGV[i + 1]), now + tonumber(ARGV[i + 2])
-  local raw = redis.call('HGET', KEYS[1], url)
-  local st = nil
-  if not raw then
-    st = {i = iv, v = 0, c = 0}
-    added = added + 1
-  elseif ARGV[1] == '1' then
-    st = cjson.decode(raw)
-    st.i = iv
-    updated = updated + 1
-  end
-  if st then
-    redis.call('HSET', KEYS[1], url, cjson.encode(st))
-    if redis.call('HEXISTS', KEYS[3], url) == 0 then
-      redis.call('ZADD', KEYS[2], string.format('%d', at), url)
-    end
-  end
-end
-return {added, updated}
-"""
-
-# KEYS[1] schedule:lease  KEYS[2] schedule:due  KEYS[3] schedule:inflight
-# ARGV[1] fencing token  ARGV[2] most URLs to take  ARGV[3] age (ms) after which an older
-# token's in-flight entry is taken over (the caller's own, left by a tick that failed, at
-# once: its loop takes only after settling). Returns false when the lease is not the caller's,
-# else {url, due_ms, url, due_ms, ...}.
-TAKE_LUA = _NOW + """
-local held = redis.call('GET', KEYS[1])
-if not held or string.match(held, '^(%d+):') ~= ARGV[1] then return false end
-local token, limit, stale = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local out, n = {}, 0
-local entry = ARGV[1] .. ':%s:' .. string.format('%d', now)
-local flat = redis.call('HGETALL', KEYS[3])
-for i = 1, #flat, 2 do
-  if n >= limit then break end
-  local tok, due, taken = string.match(flat[i + 1], '^(%d+):(%d+):(%d+)$')
-  if tok and (tonumber(tok) == token or
-              (tonumber(tok) < token and now - tonumber(taken) >= stale)) then
-    redis.call('HSET', KEYS[3], flat[i], string.format(entry, due))
-    out[#out + 1] = flat[i]
-    out[#out + 1] = due
-    n = n + 1
-  end
-end
-if n < limit then
-  local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0,
-                         limit - n)
-  for i = 1, #due, 2 do
-    local at = string.format('%d', tonumber(due[i + 1]))
-    redis.call('ZREM', KEYS[2], due[i])
-    redis.call('HSET', KEYS[3], due[i], string.format(entry, at))
-    out[#out + 1] = due[i]
-    out[#out + 1] = at
-  end
-end
-return out
-"""
-
-# KEYS[1] schedule:inflight  KEYS[2] schedule:due  KEYS[3] schedule:state
-# ARGV[1] fencing token  ARGV[2] 'next' (published: now + interval) or 'back' (not published:
-# its old due time)  ARGV[3..] urls. Only entries still carrying the token; a URL removed from
-# the schedule meanwhile is dropped. Returns how many were settled.
-SETTLE_LUA = _NOW + """
-local n = 0
-for i = 3, #ARGV, 1 do
-  local url = ARGV[i]
-  local entry = redis.call('HGET', KEYS[1], url)
-  local tok, due = string.match(entry or '', '^(%d+):(%d+):')
-  if tok == ARGV[1] then
-    redis.call('HDEL', KEYS[1], url)
-    local raw = redis.call('HGET', KEYS[3], url)
-    if raw then
-      local at = due
-      if ARGV[2] == 'next' then at = string.format('%d', now + cjson.decode(raw).i * 1000) end
-      redis.call('ZADD', KEYS[2], at, url)
-    end
-    n = n + 1
-  end
-end
-return n
-"""
-
-# KEYS[1] schedule:state  KEYS[2] schedule:due
-# ARGV[1] min s  ARGV[2] max s  ARGV[3] growth  ARGV[4] shrink
-# ARGV[5..] url, results stream id, kind ('h': content_hash to compare, 'u': unchanged (304),
-# 'n': nothing to compare), hash; ... Returns how many intervals were adapted.
-LEARN_LUA = _NOW + """
-local function newer(a, b)
-  if not b then return true end
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  if not bm then return true end
-  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
-  return am > bm or (am == bm and as > bs)
-end
-local lo, hi = tonumber(ARGV[1]), tonumber(ARGV[2])
-local grow, shrink = tonumber(ARGV[3]), tonumber(ARGV[4])
-local adapted = 0
-for i = 5, #ARGV, 4 do
-  local url, id, kind, hash = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local raw = redis.call('HGET', KEYS[1], url)
-  local st = raw and cjson.decode(raw)
-  if st and newer(id, st.id) then
-    st.id = id
-    st.v = (st.v or 0) + 1
-    local changed = nil
-    if kind == 'u' then
-      changed = false
-    elseif kind == 'h' then
-      if st.h then changed = st.h ~= hash end
-      st.h = hash
-    end
-    if changed ~= nil then
-      local iv = st.i
-      if changed then
-        iv = math.floor((1 - shrink) * iv + shrink * lo)
-        st.c = (st.c or 0) + 1
-      else
-        iv = math.ceil(iv * (1 + grow))
-      end
-      st.i = math.max(lo, math.min(hi, iv))
-      redis.call('ZADD', KEYS[2], 'XX', string.format('%d', now + st.i * 1000), url)
-      adapted = adapted + 1
-    end
-    redis.call('HSET', KEYS[1], url, cjson.encode(st))
-  end
-end
-return adapted
-"""
+#: Longest ETag / Last-Modified kept (the worker takes the same, common/work/revisit.py).
+MAX_VALIDATOR_CHARS = 256
 
 
 @dataclass(frozen=True)
 class Due:
-    """One due visit: the URL and the due time (ms) it was taken for."""
+    """One due visit: the URL, the due time (ms) it was taken for, and the validators of the
+    last visit (``""``: none)."""
 
     url: str
     due_ms: int
+    etag: str = ""
+    last_modified: str = ""
 
     @property
     def nonce(self) -> str:
         """The recrawl nonce of this due time: one done mark, so one outcome, per due time."""
         return f"sched:{self.due_ms}"
+
+    @property
+    def validators(self) -> dict[str, str]:
+        """``{"etag": ..., "last_modified": ...}`` with the keys it has (the work message's
+        ``extra["validators"]``, which the worker sends as conditional request headers)."""
+        return {k: v for k, v in (("etag", self.etag), ("last_modified", self.last_modified))
+                if v}
+
+
+class Observation(NamedTuple):
+    """What one result record says, for :meth:`Schedule.learn` (``""``: nothing)."""
+
+    url: str
+    id: str  #: its ``results`` stream id
+    kind: str  #: ``h`` a content_hash to compare, ``u`` unchanged (a 304), ``n`` nothing
+    hash: str = ""
+    etag: str = ""
+    last_modified: str = ""
+
+
+def observation(record: dict[str, Any]) -> tuple[str, str]:
+    """What a result record says about a change: ``('u', '')`` unchanged (a 304), ``('h',
+    hash)`` a content_hash to compare, ``('n', '')`` nothing (cache hit, no hash, not 2xx)."""
+    status = record.get("status")
+    if status == 304 or record.get("unchanged") is True:
+        return "u", ""
+    digest = record.get("content_hash")
+    if (isinstance(digest, str) and digest and not record.get("cached")
+            and isinstance(status, int) and 200 <= status < 300):
+        return "h", digest
+    return "n", ""
+
+
+def validators(record: dict[str, Any]) -> tuple[str, str]:
+    """A 2xx or 304 record's ``(etag, last_modified)``; ``""`` for one absent or not short
+    printable ASCII (it goes back to the site as a request header)."""
+    status = record.get("status")
+    if not isinstance(status, int) or not (200 <= status < 300 or status == 304):
+        return "", ""
+    etag, modified = (v if isinstance(v, str) and len(v) <= MAX_VALIDATOR_CHARS
+                      and v.isascii() and v.isprintable() else ""
+                      for v in (record.get("etag"), record.get("last_modified")))
+    return etag, modified
 
 
 @dataclass
@@ -274,11 +188,12 @@ class Schedule:
         """Move up to ``limit`` due URLs (first those an older token left in flight at least
         ``stale_ms`` ago) into ``schedule:inflight`` under ``token``. None: the lease is not
         ``token``'s (deposed), nothing was taken."""
-        flat = self._take(keys=[SCHEDULE_LEASE, SCHEDULE_DUE, SCHEDULE_INFLIGHT],
+        flat = self._take(keys=[SCHEDULE_LEASE, SCHEDULE_DUE, SCHEDULE_INFLIGHT, SCHEDULE_STATE],
                           args=[token, limit, stale_ms])
         if flat is None:
             return None
-        return [Due(_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return [Due(_text(flat[i]), int(flat[i + 1]), _text(flat[i + 2]), _text(flat[i + 3]))
+                for i in range(0, len(flat), 4)]
 
     def settle(self, token: int, urls: list[str]) -> int:
         """Published: next visit at now + interval. Returns how many were still ``token``'s."""
@@ -294,11 +209,11 @@ class Schedule:
         return int(self._settle(keys=[SCHEDULE_INFLIGHT, SCHEDULE_DUE, SCHEDULE_STATE],
                                 args=[token, mode, *urls]))
 
-    def learn(self, observations: Iterable[tuple[str, str, str, str]]) -> int:
-        """Adapt intervals from ``(url, results stream id, kind, hash)`` observations in
-        stream order (kind: ``h`` a content_hash, ``u`` unchanged, ``n`` nothing to compare).
-        Returns how many intervals changed; unscheduled URLs are ignored."""
-        args = [value for item in observations for value in item]
+    def learn(self, observations: Iterable[tuple[str, ...]]) -> int:
+        """Adapt intervals and keep validators from observations in stream order (each an
+        :class:`Observation` or a tuple of its fields, the last ones optional). Returns how
+        many intervals changed; unscheduled URLs are ignored."""
+        args = [value for item in observations for value in Observation(*item)]
         if not args:
             return 0
         s = self.settings

@@ -63,7 +63,8 @@
                              holding fencing token ``token``, not yet published and rescheduled.
                              A newer leader takes over an older token's entries a lease old.
     schedule:state           HASH url -> JSON {i: interval s, h: last content_hash, id: last
-                             results id learned, v: visits learned, c: changes seen}.
+                             results id learned, v: visits learned, c: changes seen, e: last
+                             ETag, m: last Last-Modified (each absent when the site sent none)}.
     schedule:lease           STRING "token:owner", SET NX PX SCHEDULE_LEASE_S by the one active
                              scheduler replica, renewed while it runs, DEL on a clean stop.
     schedule:fence           STRING counter (INCR): the fencing token of each new lease.

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pycurl
 
+from common.core.urls import without_credentials
 from common.web.curl import Transfer
 
 _ABORT = 0
@@ -86,5 +87,15 @@ class ArchivingTransfer(Transfer):
         """What this hop sent and received (call once ``perform()`` returned)."""
         cut = _CUT.get(self.stop or "")
         ip = curl.getinfo(pycurl.PRIMARY_IP) or None
-        return Exchange(url, self.request, b"".join(self.raw_head),
+        head = self.raw_head if self.stop != "redirect" else [_no_credentials(line)
+                                                               for line in self.raw_head]
+        return Exchange(url, self.request, b"".join(head),
                         b"" if cut == "unspecified" else b"".join(self.raw), ip, sent_at, cut)
+
+
+def _no_credentials(line: bytes) -> bytes:
+    """A Location header line without the target's ``user:password@`` (never recorded)."""
+    if line[:9].lower() != b"location:" or b"@" not in line:
+        return line
+    value = line[9:].decode("latin-1").strip()
+    return b"Location: " + without_credentials(value).encode("latin-1") + b"\r\n"

@@ -44,6 +44,9 @@ MAX_HEADER_LINES = 100
 _ABORT = 0  # a callback returning fewer bytes than it was given stops the transfer
 _BLANK = (b"\r\n", b"\n")
 DECODED_ENCODINGS = ("gzip", "x-gzip", "deflate")  # the Content-Encodings we offer and decode
+#: The request headers of every fetch (a fetch may add more for itself: Fetcher.fetch).
+BASE_HEADERS = ("Accept: text/html,application/xhtml+xml;q=0.9,*/*;q=0.5",
+                "Accept-Encoding: gzip, deflate")
 
 
 class Owner(Protocol):
@@ -276,9 +279,7 @@ def new_easy_handle(settings: Settings, transfer: Transfer) -> pycurl.Curl:
     curl.setopt(pycurl.CAINFO, certifi.where())
     curl.setopt(pycurl.USERAGENT, settings.user_agent)
     # We decode (see _Decoder): the write callback counts decoded bytes against the cap.
-    curl.setopt(pycurl.HTTPHEADER,
-                ["Accept: text/html,application/xhtml+xml;q=0.9,*/*;q=0.5",
-                 "Accept-Encoding: gzip, deflate"])
+    curl.setopt(pycurl.HTTPHEADER, list(BASE_HEADERS))
     curl.setopt(pycurl.HTTP_CONTENT_DECODING, 0)
     curl.setopt(pycurl.OPENSOCKETFUNCTION, transfer.open_socket)
     curl.setopt(pycurl.HEADERFUNCTION, transfer.header)

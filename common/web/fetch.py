@@ -14,6 +14,13 @@ libcurl handle's options and the callbacks that guard, cap and decode) is common
   to 127.0.0.1 or 169.254.169.254 gets nowhere unless FETCH_ALLOW_NETWORKS says so.
 * Redirects are followed here, not by libcurl: at most MAX_REDIRECTS hops, http/https only,
   each hop guarded; a 3xx body is never read (the transfer stops at the end of its headers).
+  A target's ``user:password@`` is dropped before anything else (never sent, never recorded:
+  the archived Location line loses it too). The caller's ``follow`` says which hops are
+  followed here; a hop it refuses ends the fetch with the 3xx as the result and the target in
+  :attr:`FetchResult.redirect_to` (the worker hands it to the producer path, so another
+  host's robots.txt and rate limit apply to it: common/work/redirects.py).
+* ``headers``: extra request headers for this fetch only (a recrawl's If-None-Match and
+  If-Modified-Since, common/work/revisit.py).
 * Caps: decoded body (MAX_BODY_BYTES; we decode gzip/deflate ourselves in the write callback,
   never more than the cap, so bombs stop early), header bytes (MAX_HEADER_BYTES) and header
   count, total time per fetch (FETCH_TOTAL_TIMEOUT_S, libcurl's own timer, against slow-drip
@@ -29,6 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -37,8 +45,10 @@ import pycurl
 
 from common.core.config import Settings
 from common.core.errors import FetchError
+from common.core.redact import redact_url
+from common.core.urls import without_credentials
 from common.web.capture import ArchivingTransfer, Exchange
-from common.web.curl import MAX_HEADER_LINES, Transfer, new_easy_handle
+from common.web.curl import BASE_HEADERS, MAX_HEADER_LINES, Transfer, new_easy_handle
 from common.web.netguard import AddressGuard
 
 __all__ = ["MAX_HEADER_LINES", "FetchResult", "Fetcher"]  # MAX_HEADER_LINES lives in curl
@@ -69,6 +79,8 @@ class FetchResult:
     exchanges: tuple[Exchange, ...] = ()
     #: Where the final response was archived ({"file", "offset", "length"}), once it was.
     archive: dict[str, Any] | None = None
+    #: A redirect the caller's ``follow`` refused: the target, credentials removed.
+    redirect_to: str | None = None
 
 
 @dataclass
@@ -104,12 +116,16 @@ class Fetcher:
         for curl in handles:
             curl.close()
 
-    def fetch(self, url: str, *, accept_any_type: bool = False) -> FetchResult:
+    def fetch(self, url: str, *, accept_any_type: bool = False, headers: Sequence[str] = (),
+              follow: Callable[[str], bool] | None = None) -> FetchResult:
         """GET ``url``, following redirects ourselves; any final HTTP status is a result.
 
         Args:
             url: an http(s) URL.
             accept_any_type: read the body whatever its content type (robots.txt, sitemaps).
+            headers: more request header lines (``"Name: value"``) for this fetch.
+            follow: called with each redirect target; False ends the fetch there, the 3xx
+                the result and the target in ``redirect_to``. None follows every hop.
 
         Raises:
             FetchError: ``kind`` is timeout, connection (transient), or blocked,
@@ -121,6 +137,8 @@ class Fetcher:
         sent_at: float | None = None
         current = url
         exchanges: list[Exchange] = []
+        if headers:
+            handle.curl.setopt(pycurl.HTTPHEADER, [*BASE_HEADERS, *headers])
         try:
             for hop in range(self.settings.max_redirects + 1):
                 transfer = handle.transfer
@@ -132,8 +150,15 @@ class Fetcher:
                     exchanges.append(transfer.exchange(current, handle.curl, hop_sent_at))
                 if transfer.stop == "redirect":
                     location = transfer.headers().get("location", "")
-                    current = self._next_hop(current, location)
-                    continue  # the 3xx body was never read
+                    target = self._next_hop(current, location)
+                    if follow is None or follow(target):
+                        current = target
+                        continue  # the 3xx body was never read
+                    return FetchResult(url, current, transfer.status, transfer.content_type(),
+                                       b"", (time.perf_counter() - started) * 1000,
+                                       headers={**transfer.headers(), "location": target},
+                                       redirects=hop, sent_at=sent_at,
+                                       exchanges=tuple(exchanges), redirect_to=target)
                 content_type = transfer.content_type()
                 skipped = transfer.stop == "content_type"
                 return FetchResult(url, current, transfer.status, content_type,
@@ -146,6 +171,9 @@ class Fetcher:
         except FetchError as exc:
             exc.sent_at = sent_at if sent_at is not None else exc.sent_at
             raise
+        finally:
+            if headers:
+                handle.curl.setopt(pycurl.HTTPHEADER, list(BASE_HEADERS))
         raise FetchError(f"more than {self.settings.max_redirects} redirects",
                          kind="too_many_redirects", sent_at=sent_at)
 
@@ -224,8 +252,9 @@ class Fetcher:
             target = urljoin(current, location.strip())
             scheme = urlsplit(target).scheme
         except ValueError as exc:
-            raise FetchError(f"bad redirect location {location[:200]!r}: {exc}",
+            raise FetchError(f"bad redirect location {redact_url(location[:200])!r}: {exc}",
                              kind="bad_redirect") from None
         if scheme not in ("http", "https"):
-            raise FetchError(f"redirect to a non-http URL: {target[:200]}", kind="bad_redirect")
-        return target.split("#", 1)[0]
+            raise FetchError(f"redirect to a non-http URL: {without_credentials(target)[:200]}",
+                             kind="bad_redirect")
+        return without_credentials(target.split("#", 1)[0])

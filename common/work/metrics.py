@@ -22,6 +22,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from common.store.keys import COUNTERS
+
 logger = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -77,6 +79,13 @@ EXPORTED = ("fleet_fetches_total", "fleet_fetch_seconds", "fleet_fetch_bytes_tot
 MAX_THROTTLED_SERIES = 100
 _shown: dict[str, str] = {}  # domain -> the reason label its series carry
 _shown_lock = threading.Lock()
+
+
+def count_rate_limited(client: Any) -> None:
+    """A URL parked for its rate-limit turn: the fleet's counter (Redis, the status view) and
+    this worker's metric."""
+    client.hincrby(COUNTERS, "rate_limited", 1)
+    RATE_LIMIT_DELAYS.inc()
 
 
 def show_throttle(domain: str, state: Any) -> None:

@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 import redis
@@ -38,23 +37,23 @@ from common.core.urls import canonicalize, domain_of
 from common.intake.crawl import LinkFollower
 from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import COUNTERS, failures_key
-from common.store.marks import DoneMark, Permit, Retime
+from common.store.marks import DoneMark, Retime
 from common.store.results import ResultStore
 from common.web import cache as response_cache
 from common.web.fetch import Fetcher, FetchResult
 from common.web.ratelimit import RateLimiter, retime_permit
-from common.web.robots import RobotsRules, RobotsStore, origin_of, robots_fetcher
+from common.web.robots import RobotsRules, robots_fetcher
 from common.work import metrics
 from common.work.archive import Archive, with_archive
 from common.work.expired import release_expired
 from common.work.outcome import Failure, Outcome, dead_letter, park, wait_left_ms, waited_too_long
 from common.work.page_record import PageReader
-from common.work.record import bound, failure_record
+from common.work.record import bound, failure_record, fetch_record
+from common.work.redirects import HandOffFailed, Redirects
+from common.work.revisit import conditional_headers
+from common.work.robots_gate import Refused, RobotsGate
 
 logger = logging.getLogger(__name__)
-
-ROBOTS_BUSY_MS = 500  # another worker is fetching robots.txt: look again this much later
-
 
 class Processor:
     def __init__(self, settings: Settings, client: redis.Redis,
@@ -62,13 +61,14 @@ class Processor:
         self.settings = settings
         self.client = client
         self.fetcher = fetcher or Fetcher(settings)
-        self._robots_fetcher = fetcher or robots_fetcher(settings)  # reads <= 500 KiB
         self.results = ResultStore(client, settings.results_maxlen)
         self.limiter = RateLimiter(client, settings)
-        self.robots = RobotsStore(client, settings.robots_user_agent, settings.robots_ttl_s)
+        self.gate = RobotsGate(settings, client, self.limiter,
+                               fetcher or robots_fetcher(settings))  # reads <= 500 KiB
         self.seen = SeenSet(client, settings.seen_buckets)
         self.done = DoneSet(client, settings.seen_buckets)
         self.follower = LinkFollower(settings, client) if settings.crawl_enabled else None
+        self.redirects = Redirects(settings, client, self.follower)
         # Parsing and recording are CPU work under the GIL: with every fetch thread at it,
         # the threads hand the GIL back and forth at each C call and syscall (40 context
         # switches a page with 8 threads). Fetches, which wait on the network, stay parallel.
@@ -99,17 +99,15 @@ class Processor:
 
         rules = None
         if self.settings.robots_enabled:
-            origin = origin_of(url)
-            rules = self.robots.get(origin)
-            if rules is None:
-                parked = self._fetch_robots(origin, url, message, queue)
-                if parked is not None:
-                    return parked
-                rules = self.robots.get(origin)
-            if rules is None or rules.unavailable:
-                detail = rules.entry.detail if rules else "robots.txt unknown"
+            found = self.gate.rules(url, message, queue)
+            if isinstance(found, Outcome):
+                return found
+            if isinstance(found, Refused):
+                return self._dead_letter(message, url, queue, found.failure)
+            rules = found
+            if rules.unavailable:
                 return self._failed(url, message, queue,
-                                    Failure("robots_unavailable", error=detail))
+                                    Failure("robots_unavailable", error=rules.entry.detail))
             if not rules.allows(url):
                 if self._is_done(url, message):
                     return Outcome("already_done", url, detail="redelivered, already dead-lettered")
@@ -127,38 +125,6 @@ class Processor:
                                      f"{type(exc).__name__}: {exc}")
 
     # -- steps ----------------------------------------------------------------------------------
-    def _fetch_robots(self, origin: str, url: str, message: WorkMessage,
-                      queue: str) -> Outcome | None:
-        """Fetch robots.txt for ``origin`` (one worker at a time). None: rules now stored."""
-        if not self.robots.try_lock(origin, self.settings.worker_id):
-            return park(message, queue, ROBOTS_BUSY_MS, "robots.txt being fetched")
-        try:
-            if self.robots.get(origin) is not None:
-                return None  # fetched by another worker between our look and the lock
-            domain = domain_of(origin)
-            admission = self.limiter.admit(domain, self.limiter.rate_for(domain))
-            if not admission.go:
-                self._rate_limited()
-                return park(message, queue, admission.wait_ms, "rate limit (robots.txt)")
-            try:
-                self.robots.refresh(origin, partial(self._fetch_with_permit, admission.permit))
-            except FetchError as exc:  # blocked: the page is on the same origin, refused too
-                return self._dead_letter(message, url, queue, Failure(
-                    "fetch_blocked", error=f"{exc.kind}: {exc}"))
-            return None
-        finally:
-            self.robots.unlock(origin)
-
-    def _fetch_with_permit(self, permit: Permit | None, url: str) -> FetchResult:
-        """Fetch ``url`` (any content type) and move ``permit`` to its send time."""
-        try:
-            response = self._robots_fetcher.fetch(url, accept_any_type=True)
-        except FetchError as exc:
-            self._retime_now(Retime(permit, exc.sent_at))
-            raise
-        self._retime_now(Retime(permit, response.sent_at))
-        return response
-
     def _admit_and_fetch(self, url: str, message: WorkMessage, queue: str,
                          rules: RobotsRules | None) -> Outcome:
         domain = domain_of(url)
@@ -185,7 +151,7 @@ class Processor:
                 return self._record(url, message, queue, response, done, cached=True,
                                     rules=rules)
         if not admission.go:
-            self._rate_limited()
+            metrics.count_rate_limited(self.client)
             booked_message = replace(message, extra={**message.extra,
                                                      "slot": admission.slot_ms})
             return park(booked_message, queue, admission.wait_ms, "rate limit")
@@ -196,7 +162,8 @@ class Processor:
         if use_cache:
             metrics.CACHE_MISSES.inc()
         try:
-            response = self.fetcher.fetch(url)
+            response = self.fetcher.fetch(url, headers=conditional_headers(message),
+                                          follow=self.redirects.follow_rule(url, rules))
             metrics.FETCH_SECONDS.observe(response.elapsed_ms / 1000)
             metrics.FETCH_BYTES.inc(len(response.body))
             self.limiter.throttle.observe(domain, response)  # healthy or slow: told at next admit
@@ -209,6 +176,8 @@ class Processor:
         if self.archive is not None:  # in the WARC file before its outcome is stored
             response = self.archive.write(response)
         retime = Retime(admission.permit, response.sent_at)
+        if response.redirect_to is not None or response.status == 304:
+            return self._unparsed(url, message, queue, response, done, retime)
         verdict = classify_status(response.status)
         if verdict == OK:
             return self._record(url, message, queue, response, done, cached=False, rules=rules,
@@ -219,6 +188,33 @@ class Processor:
             return with_archive(self._dead_letter(message, url, queue, failure, retime=retime),
                                 response)
         return with_archive(self._failed(url, message, queue, failure, retime=retime), response)
+
+    def _unparsed(self, url: str, message: WorkMessage, queue: str, response: FetchResult,
+                  done: DoneMark, retime: Retime) -> Outcome:
+        """A result with nothing to parse: a 304 (``unchanged``) or a redirect handed to the
+        producer path (common/work/redirects.py)."""
+        record = fetch_record(url, response, worker=self.settings.worker_id, queue=queue,
+                              depth=message.depth, attempts=message.attempts + 1, cached=False)
+        if response.redirect_to is None:
+            record["unchanged"] = True
+        else:
+            hops = message.extra.get("hops")
+            hops = (hops if type(hops) is int else 0) + response.redirects + 1
+            if hops > self.settings.max_redirects:
+                return self._dead_letter(message, url, queue, Failure(
+                    "fetch_too_many_redirects", status=response.status,
+                    error=f"more than {self.settings.max_redirects} redirects"), retime=retime)
+            try:
+                record.update(self.redirects.hand_off(url, message, queue, response.redirect_to,
+                                                      hops, f"{done.key}:{done.member}"))
+            except HandOffFailed as exc:
+                return self._failed(url, message, queue, Failure(
+                    "redirect_not_queued", status=response.status, error=str(exc)), retime)
+        self.results.record(record, clear_failures=message.attempts > 0, done=done,
+                            retime=retime)
+        return Outcome("result", url, detail=f"status {response.status}"
+                       + (f" to {record['redirect_to']} ({record['redirect']})"
+                          if "redirect_to" in record else " (unchanged)"))
 
     def _record(self, url: str, message: WorkMessage, queue: str, response: FetchResult,
                 done: DoneMark, *, cached: bool, rules: RobotsRules | None = None,
@@ -234,9 +230,13 @@ class Processor:
         read = self.pages.read(url, response, queue=queue, depth=message.depth,
                                attempts=message.attempts + 1, cached=cached)
         record, token = read.record, f"{done.key}:{done.member}"
+        if "redirected_from" in message.extra:  # reached through a redirect (redirects.py)
+            record["redirected_from"] = message.extra["redirected_from"]
         if self.follower is not None and read.follow is not None:
+            scope = message.extra.get("scope")
             followed = self.follower.follow_plan(response.final_url, read.follow,
-                                                 message.depth, rules, page_token=token)
+                                                 message.depth, rules, page_token=token,
+                                                 scope=scope if isinstance(scope, str) else None)
             if followed is not None:
                 record["followed"] = followed.new
         if read.call:  # EXTRACTOR's follow URLs (common/work/user_extractor.py)
@@ -302,10 +302,6 @@ class Processor:
         if pipe.command_stack:
             pipe.execute()
 
-    def _rate_limited(self) -> None:
-        self.client.hincrby(COUNTERS, "rate_limited", 1)
-        metrics.RATE_LIMIT_DELAYS.inc()
-
     def _done_mark(self, url: str, message: WorkMessage) -> DoneMark:
         """The done mark of this message's outcome: the URL's, or for a recrawl (a ``nonce``
         in the message) that of this one refresh."""
@@ -318,7 +314,8 @@ class Processor:
     def close(self) -> None:
         """Close what the processor opened: the fetch handles, crawl mode's producer."""
         self.fetcher.close()
-        self._robots_fetcher.close()
+        self.gate.fetcher.close()
+        self.redirects.close()
         if self.archive is not None:
             self.archive.close()
         if self.follower is not None:

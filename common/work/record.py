@@ -13,6 +13,8 @@ Field caps, in characters (:data:`FIELD_CAPS`; NOTES.md, "Bounded records", says
   page had (at most parse's 10,000; ``links_truncated`` says it had more), ``links_kept`` how
   many the record holds, present only when fewer.
 
+``etag`` and ``last_modified`` (the response's validators, common/work/revisit.py) are at most
+256 printable ASCII characters or absent.
 ``url`` is canonical and at most MAX_URL_LENGTH long, ``worker`` is WORKER_ID, ``queue``,
 ``encoding``, ``skipped`` and ``content_hash`` are short names or digests, ``archive``
 (ARCHIVE=warc) a WARC file name and two numbers, the rest are numbers and booleans. A flag
@@ -38,6 +40,7 @@ import orjson
 from common.web.fetch import FetchResult
 from common.work.links import MAX_URL_CHARS
 from common.work.parse import Page
+from common.work.revisit import validators_of
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +79,7 @@ def fetch_record(url: str, response: FetchResult, *, worker: str, queue: str, de
     }
     if response.skipped:
         record["skipped"] = response.skipped
+    record.update(validators_of(response))  # etag, last_modified: a revisit sends them back
     archive = getattr(response, "archive", None)  # ARCHIVE=warc: where the response was kept
     if archive is not None:
         record["archive"] = archive

@@ -19,14 +19,13 @@ from common.intake.recrawler import (
     Recrawler,
     RecrawlProducer,
     first_interval,
-    observation,
     parse_duration,
     schedule_entries,
 )
-from common.intake.schedule import Schedule
+from common.intake.schedule import Schedule, observation, validators
 from common.intake.sitemap_files import Entry
 from common.sink.reader import Entry as StreamEntry
-from common.store.keys import SCHEDULE_DUE, SCHEDULE_INFLIGHT, SCHEDULE_LEASE
+from common.store.keys import SCHEDULE_DUE, SCHEDULE_INFLIGHT, SCHEDULE_LEASE, SCHEDULE_STATE
 from devtools.testsite import TestSite
 from tests.helpers import drain
 from tests.intake.sitemap_bodies import NS
@@ -117,6 +116,95 @@ def test_results_of_urls_not_scheduled_are_ignored(schedule, redis_client):
                                                   "content_hash": "a"}),
                    StreamEntry("failures", "6-0", {"url": URL, "outcome": "dead_letter"})])
     assert schedule.entry(URL) is None and redis_client.zcard(SCHEDULE_DUE) == 0
+
+
+# -- validators (conditional requests) -------------------------------------------------------
+
+
+def stored(redis_client, url: str = URL) -> dict[str, str]:
+    """The validators schedule:state holds for ``url`` (its ``e`` and ``m`` fields)."""
+    state = json.loads(redis_client.hget(SCHEDULE_STATE, url))
+    return {k: state[k] for k in ("e", "m") if k in state}
+
+
+def learn_records(schedule: Schedule, *records: dict, first_ms: int = 1000) -> None:
+    """Feed result records to the Learner as the results sink would, stream ids growing."""
+    Learner(schedule).write([StreamEntry("results", f"{first_ms + n}-0", {"url": URL, **r})
+                             for n, r in enumerate(records)])
+
+
+def test_a_visit_stores_its_validators_and_a_304_without_them_keeps_them(schedule,
+                                                                         redis_client):
+    schedule.add([(URL, 1000, 0)], replace=True)
+    modified = "Wed, 21 Oct 2015 07:28:00 GMT"
+    learn_records(schedule, {"status": 200, "content_hash": "a", "etag": '"v1"',
+                             "last_modified": modified})
+    assert stored(redis_client) == {"e": '"v1"', "m": modified}
+    learn_records(schedule, {"status": 304, "unchanged": True}, first_ms=2000)
+    assert stored(redis_client) == {"e": '"v1"', "m": modified}
+    assert interval(schedule) == 1500  # the 304 still counts as unchanged
+    learn_records(schedule, {"status": 503}, {"status": 200, "content_hash": "a", "cached": True},
+                  first_ms=3000)
+    assert stored(redis_client) == {"e": '"v1"', "m": modified}
+    assert schedule.entry(URL)["visits"] == 4
+
+
+def test_a_new_page_replaces_both_validators_and_a_304_updates_those_it_carries(schedule,
+                                                                                redis_client):
+    schedule.add([(URL, 1000, 0)], replace=True)
+    learn_records(schedule, {"status": 200, "content_hash": "a", "etag": '"v1"',
+                             "last_modified": "Wed, 21 Oct 2015 07:28:00 GMT"},
+                  {"status": 304, "unchanged": True, "etag": 'W/"v1-gzip"'})
+    assert stored(redis_client) == {"e": 'W/"v1-gzip"', "m": "Wed, 21 Oct 2015 07:28:00 GMT"}
+    learn_records(schedule, {"status": 200, "content_hash": "b", "etag": '"v2"'},
+                  first_ms=2000)
+    assert stored(redis_client) == {"e": '"v2"'}  # the old date described the old page
+    assert interval(schedule) == 780  # grown at the 304 (1500), then shrunk at the change
+
+
+def test_validators_of_an_unscheduled_url_or_an_older_record_are_not_stored(schedule,
+                                                                              redis_client):
+    learn_records(schedule, {"status": 200, "content_hash": "a", "etag": '"v1"'})
+    assert redis_client.hget(SCHEDULE_STATE, URL) is None  # nothing for an unscheduled URL
+    schedule.add([(URL, 1000, 0)], replace=True)
+    learn_records(schedule, {"status": 200, "content_hash": "a", "etag": '"v2"'},
+                  first_ms=2000)
+    learn_records(schedule, {"status": 200, "content_hash": "a", "etag": '"v1"'})  # a replay
+    assert stored(redis_client) == {"e": '"v2"'}
+
+
+@pytest.mark.parametrize("record", [
+    {"status": 200, "etag": '"a"\r\nX-Injected: 1'},  # a line break would add a header
+    {"status": 200, "etag": "x" * 257},
+    {"status": 200, "etag": '"caf\u00e9"'},
+    {"status": 404, "etag": '"a"'},                   # not the page's validator
+    {"status": 200, "etag": 7},
+])
+def test_a_validator_that_cannot_go_back_as_a_header_is_not_kept(record):
+    assert validators(record) == ("", "")
+
+
+def test_a_tick_publishes_each_url_with_the_validators_of_its_last_visit(
+        settings, schedule, redis_client, amqp_channel):
+    plain, both = "https://example.test/plain", "https://example.test/both"
+    schedule.add([(u, 100, 0) for u in (URL, plain, both)], replace=True)
+    Learner(schedule).write([
+        StreamEntry("results", "1-0", {"url": URL, "status": 200, "etag": '"v1"'}),
+        StreamEntry("results", "2-0", {"url": both, "status": 200, "etag": '"v9"',
+                                       "last_modified": "Wed, 21 Oct 2015 07:28:00 GMT"}),
+        StreamEntry("results", "3-0", {"url": plain, "status": 200, "content_hash": "x"})])
+    lease = Lease(redis_client, 5000, "me")
+    with RecrawlProducer(settings, redis_client) as producer:
+        recrawler = Recrawler(settings, schedule, lease, producer)
+        recrawler.token = lease.hold()
+        assert recrawler.tick() == 3
+    sent = {m.url: m.extra for m in (WorkMessage.from_json(b) for _m, _p, b
+                                      in drain(amqp_channel, "url_queue_ttl"))}
+    assert sent[URL]["validators"] == {"etag": '"v1"'}
+    assert sent[both]["validators"] == {"etag": '"v9"',
+                                        "last_modified": "Wed, 21 Oct 2015 07:28:00 GMT"}
+    assert "validators" not in sent[plain]  # a site that sent none: no conditional request
+    assert all(extra["nonce"].startswith("sched:") for extra in sent.values())
 
 
 # -- adding URLs ------------------------------------------------------------------------------

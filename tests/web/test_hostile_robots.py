@@ -340,7 +340,7 @@ def test_a_worker_obeys_only_our_group_of_hostile_robots_txt_on_many_origins(
         assert {p.headers["reason"] for _m, p, _b in dead} == {"robots_disallowed"}
         for site in sites:
             assert site.count("/robots.txt") == 1 and site.requests_for("/fleet-only") == []
-        local = worker.worker.processor.robots.local
+        local = worker.worker.processor.gate.store.local
         assert len(local) == len(sites) and local.bytes < len(sites) * 8 * KIB
     finally:
         for site in sites:

@@ -27,7 +27,7 @@ MAX_LINKS = 1000
 
 def _response(url: str = PAGE_URL, body: bytes = b"", **fields) -> SimpleNamespace:
     values = {"final_url": url, "status": 200, "content_type": HTML, "body": body,
-              "truncated": False, "elapsed_ms": 3.2, "redirects": 0, "skipped": None}
+              "truncated": False, "elapsed_ms": 3.2, "redirects": 0, "skipped": None, "headers": {}}
     values.update(fields)
     return SimpleNamespace(**values)
 

@@ -124,7 +124,7 @@ KNOBS: tuple[Knob, ...] = (
          "CIDRs the address guard lets fetches connect to although they are not public "
          "(e.g. 127.0.0.0/8 for local test sites). Empty: public addresses only."),
     Knob("MAX_REDIRECTS", "max_redirects", values.non_negative_int, "10",
-         "Redirect hops followed (each hop guarded and capped)."),
+         "Redirect hops in all: followed within the origin, handed off as new URLs beyond it."),
     Knob("MAX_HEADER_BYTES", "max_header_bytes", values.positive_int, "65536",
          "Largest total size of response headers."),
     Knob("FETCH_TOTAL_TIMEOUT_S", "fetch_total_timeout_s", values.positive_float, "60",

@@ -122,7 +122,7 @@ def phase_fleet(ctx: Ctx, urls: Sequence[str], tag: str, capture: Path | None = 
         # where a sample would be too few to say which shapes happen once per page.
         BENCH_PROBE_SAMPLE="8" if len(urls) >= 5000 else "1")
     timeout_s = 120 + len(urls) / 20
-    workers = [Watched.start([sys.executable, "worker.py", "--idle-exit", "3",
+    workers = [Watched.start([sys.executable, "worker.py", "--idle-exit", str(sizes.idle_s),
                               "--concurrency", str(sizes.concurrency)],
                              name=f"worker-{i + 1}", env=dict(worker_env, WORKER_ID=f"bench-{i + 1}"),
                              cwd=REPO_ROOT, log_path=ctx.work / f"fleet-{tag}-worker-{i + 1}.log")
@@ -219,7 +219,7 @@ def phase_peer(ctx: Ctx, urls: Sequence[str], tag: str, extract: bool = False,
     figures = watch_peer(ctx, urls, tag, PEER_UA, "peer", 120 + len(urls) / 10, lambda: [
         Watched.start([str(python), "-m", "bench.peer_spider", "--redis-url", peer_url,
                        "--key", PEER_KEY, "--concurrency", str(sizes.peer_concurrency),
-                       "--idle-close-s", "3", "--scheduler", scheduler,
+                       "--idle-close-s", str(sizes.idle_s), "--scheduler", scheduler,
                        *(["--extract"] if extract else [])],
                       name=f"spider-{i + 1}", env=env, cwd=REPO_ROOT,
                       log_path=ctx.work / f"peer-{scheduler}-{tag}-spider-{i + 1}.log")

@@ -59,6 +59,9 @@ class Sizes:
     polite_urls: int
     polite_rate: int
     sink_entries: int
+    #: How long a fleet worker or a scrapy-redis spider waits on an empty queue before it
+    #: exits (after the round's last page, so no figure counts it): 1 s on a small farm.
+    idle_s: int = 3
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Sizes:
@@ -78,7 +81,8 @@ class Sizes:
             backlog=pick("backlog", 10_000, 1_500),
             priority_samples=pick("priority_samples", 20, 5), priority_interval_s=0.3,
             polite_domains=pick("polite_domains", 3, 2), polite_urls=pick("polite_urls", 100, 15),
-            polite_rate=5, sink_entries=pick("sink_entries", 10_000, 200))
+            polite_rate=5, sink_entries=pick("sink_entries", 10_000, 200),
+            idle_s=1 if small else 3)
 
 
 @dataclass

@@ -45,10 +45,10 @@ from tests.helpers import TEST_ENV, output_of, results, start_worker_process, wa
 logger = logging.getLogger(__name__)
 
 SITES = 3
-PER_SITE = 500
+PER_SITE = 400
 RATE = "10/second"  # per site: the fleet's pace is 3 x 10 pages/s, well below its capacity
 WORKERS, CONCURRENCY = 3, 4
-BEFORE_S = 12.0  # crawling this long before the kill; the base rate is measured over it
+BEFORE_S = 8.0  # crawling this long before the kill; the base rate is measured over it
 OUTAGE_S = 25.0
 PENDING = (*topology.WORK_QUEUES, topology.EXPIRED_QUEUE,
            *(topology.hold_name(level) for level in topology.HOLD_LEVELS_MS))

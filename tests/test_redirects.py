@@ -177,7 +177,7 @@ def test_a_target_already_seen_is_not_fetched_twice(settings, redis_client, own_
 @pytest.mark.slow
 def test_a_worker_killed_while_handing_off_redirects_loses_no_url(settings, redis_client,
                                                                   own_sites, amqp_channel):
-    n = 300
+    n = 200
     here, there = start_sites(2, pages=n)
     own_sites.extend([here, there])
     for i in range(n):

@@ -191,22 +191,21 @@ class LocalRabbitCluster(Managed):
                     time.monotonic() - started_s)
 
     def stop(self) -> None:
-        """Stop every node (``rabbitmqctl stop``, else its process group); delete the dir."""
+        """Kill every node at once (SIGKILL) and delete the dir. The cluster is throwaway (its
+        directory goes with it), so nothing is gained by a clean ``rabbitmqctl stop`` of each
+        node in turn but ~4 s a node at the end of every test session."""
         for index, node in enumerate(self.nodes):
-            proc = self._procs[index]
-            if proc is None:
-                continue
-            if proc.poll() is None:
+            pid = _beam_pid(node)
+            if pid is not None and self._procs[index] is not None:
                 try:
-                    node.ctl("stop", timeout_s=30)
-                except ServicesUnavailable as exc:
-                    logger.warning("clean stop of %s failed, killing it: %s", node.nodename, exc)
-            terminate_group(proc, timeout_s=10)
-            leftover = _beam_pid(node)
-            if leftover is not None:
-                logger.warning("killing leftover beam.smp %d of %s", leftover, node.nodename)
-                os.kill(leftover, signal.SIGKILL)
-            self._procs[index] = None
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    logger.info("%s had already exited", node.nodename)
+        for index in range(len(self.nodes)):
+            proc = self._procs[index]
+            if proc is not None:
+                terminate_group(proc, timeout_s=10)  # the start script and erl_child_setup
+                self._procs[index] = None
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None

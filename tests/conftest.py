@@ -112,7 +112,7 @@ def postgres_url(postgres: PostgresService) -> Iterator[str]:
 @pytest.fixture
 def settings(services: FleetServices) -> Settings:
     """Settings pointing at the session services, with Redis flushed and the topology fresh."""
-    reset_state(services.rabbitmq_url, services.redis_url)
+    reset_state(services.rabbitmq_url, services.redis_url, purge=True)
     return load_settings({
         "RABBITMQ_URL": services.rabbitmq_url,
         "REDIS_URL": services.redis_url,

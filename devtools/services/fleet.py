@@ -19,6 +19,7 @@ import secrets
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import pika
@@ -195,9 +196,15 @@ def fleet_services(env: Mapping[str, str] | None = None) -> Iterator[FleetServic
         yield result
 
 
-def reset_state(rabbitmq_url: str, redis_url: str, *, all_databases: bool = False) -> None:
+def reset_state(rabbitmq_url: str, redis_url: str, *, all_databases: bool = False,
+                purge: bool = False) -> None:
     """Empty the fleet's state: flush Redis (its database, or all with ``all_databases``) and
-    delete and re-declare every queue and exchange of the topology."""
+    delete and re-declare every queue and exchange of the topology.
+
+    ``purge`` (the tests' fixture): when every queue and exchange of the topology exists and no
+    queue has a consumer, purge the queues instead (about 10 ms against 140 ms: declaring
+    durable queues is a disk write each). Anything else — a queue or exchange missing, a
+    consumer left over from an earlier test — gets the full delete and re-declare."""
     from common.broker import topology
 
     client = redis.Redis.from_url(redis_url)
@@ -208,7 +215,32 @@ def reset_state(rabbitmq_url: str, redis_url: str, *, all_databases: bool = Fals
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
     try:
         channel = connection.channel()
+        if purge and _purged(channel, topology):
+            return
+        if channel.is_closed:
+            channel = connection.channel()
         topology.delete_all(channel)
         topology.declare(channel)
     finally:
         connection.close()
+
+
+def _purged(channel: Any, topology: Any) -> bool:
+    """Purge every topology queue if all exist unconsumed (False: nothing was purged, or the
+    channel was closed by a missing one)."""
+    try:
+        for exchange in topology.EXCHANGES:
+            channel.exchange_declare(exchange.name, passive=True)
+        counts: dict[str, int] = {}
+        for queue in topology.QUEUES:
+            ok = channel.queue_declare(queue.name, passive=True)
+            if ok.method.consumer_count:
+                return False
+            counts[queue.name] = ok.method.message_count
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        logger.debug("topology incomplete (%s): declaring it again", exc)
+        return False
+    for name, count in counts.items():
+        if count:
+            channel.queue_purge(name)
+    return True

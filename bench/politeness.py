@@ -36,7 +36,7 @@ def phase_politeness(ctx: Ctx) -> dict[str, Any]:
         bound_s = min_duration_s(sizes.polite_urls + 1, amount, window_s)
         log(f"politeness: {sizes.polite_domains} domains x {sizes.polite_urls} URLs at "
             f"{amount}/s each, latency {POLITE_LATENCY_S * 1000:.0f} ms (bound {bound_s:.1f}s)")
-        workers = [Watched.start([sys.executable, "worker.py", "--idle-exit", "5",
+        workers = [Watched.start([sys.executable, "worker.py", "--idle-exit", str(sizes.idle_s + 2),
                                   "--concurrency", str(sizes.concurrency)],
                                  name=f"worker-{i + 1}", env=dict(env, WORKER_ID=f"polite-{i + 1}"),
                                  cwd=REPO_ROOT, log_path=ctx.work / f"polite-worker-{i + 1}.log")

@@ -51,7 +51,7 @@ def phase_priority(ctx: Ctx) -> dict[str, Any]:
     env = fleet_env(ctx.services, sizes.concurrency)
     run_producer(env, write_lines(ctx.work / "backlog-urls.txt", backlog))
     offset = ctx.server.log_offset()
-    workers = [Watched.start([sys.executable, "worker.py", "--idle-exit", "5",
+    workers = [Watched.start([sys.executable, "worker.py", "--idle-exit", str(sizes.idle_s + 2),
                               "--concurrency", str(sizes.concurrency)],
                              name=f"worker-{i + 1}", env=dict(env, WORKER_ID=f"prio-{i + 1}"),
                              cwd=REPO_ROOT, log_path=ctx.work / f"priority-worker-{i + 1}.log")

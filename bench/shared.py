@@ -61,7 +61,7 @@ class Sizes:
     sink_entries: int
     #: How long a fleet worker or a scrapy-redis spider waits on an empty queue before it
     #: exits (after the round's last page, so no figure counts it): 1 s on a small farm.
-    idle_s: int = 3
+    idle_s: int = 3  # the politeness and priority phases wait 2 s more (hold hops)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Sizes:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
+import pika.exceptions
 import redis
 
 from common.core.config import Settings
@@ -116,21 +117,53 @@ def publish_raw(settings: Settings, queue: str, bodies: list[bytes]) -> None:
         connection.close()
 
 
+#: A WorkerThread whose IDLE_EXIT_S is over this stops as soon as everything is drained
+#: (see :meth:`WorkerThread._drained`) rather than after the whole idle wait.
+DRAINED_QUIET_S = 0.3
+
+
 class WorkerThread:
-    """A Worker running in a background thread of the test process (no signal handlers)."""
+    """A Worker running in a background thread of the test process (no signal handlers).
+
+    With IDLE_EXIT_S set, the worker also stops once the whole crawl is drained and has been
+    quiet for DRAINED_QUIET_S: its own deliveries all settled, every queue of the topology
+    empty with no other consumer on it, nothing deferred in Redis — and never before its
+    IDLE_EXIT_S since the start, so a test that seeds after starting it has that long. The
+    idle wait is then not spent by every test that only waits for the crawl to end."""
 
     def __init__(self, settings: Settings) -> None:
         client = redis.Redis.from_url(settings.redis_url)
+        self.settings = settings
         self.worker = Worker(settings, Processor(settings, client))
         self.exit_code: int | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
+        self._watch = threading.Thread(target=self._stop_when_drained, daemon=True)
 
     def _run(self) -> None:
         self.exit_code = self.worker.run()
 
     def __enter__(self) -> WorkerThread:
         self.thread.start()
+        if self.settings.idle_exit_s > DRAINED_QUIET_S:
+            self._watch.start()
         return self
+
+    def _stop_when_drained(self) -> None:
+        started = time.monotonic()
+        worker = self.worker
+        while not worker._stop.wait(0.1):
+            now = time.monotonic()
+            if (now - started < self.settings.idle_exit_s or worker._paused
+                    or worker.ledger.inflight or now - worker._last_delivery < DRAINED_QUIET_S):
+                continue
+            try:
+                drained = _drained(self.settings)
+            except (pika.exceptions.AMQPError, redis.RedisError, OSError):
+                continue  # a test stopping a service: leave it to the idle exit
+            if drained and not worker.ledger.inflight and (
+                    time.monotonic() - worker._last_delivery >= DRAINED_QUIET_S):
+                worker._stop.set()
+                return
 
     def __exit__(self, *_exc: object) -> None:
         if not self.worker._stop.is_set():
@@ -140,6 +173,30 @@ class WorkerThread:
     def join(self, timeout_s: float = 60) -> int | None:
         self.thread.join(timeout=timeout_s)
         return self.exit_code
+
+
+def _drained(settings: Settings) -> bool:
+    """Every topology queue empty (ready messages) with at most our one consumer on it, and
+    nothing deferred or being released in Redis."""
+    from common.broker import topology
+    from common.store.keys import DEFERRED, DEFERRED_INFLIGHT
+
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        if client.zcard(DEFERRED) or client.zcard(DEFERRED_INFLIGHT):
+            return False
+    finally:
+        client.close()
+    connection = pika.BlockingConnection(pika.URLParameters(settings.rabbitmq_url))
+    try:
+        channel = connection.channel()
+        for queue in topology.QUEUES:
+            ok = channel.queue_declare(queue.name, passive=True).method
+            if ok.message_count or ok.consumer_count > 1:
+                return False
+    finally:
+        connection.close()
+    return True
 
 
 def require_tool(name: str, *extra_dirs: Path) -> str:

@@ -4,7 +4,7 @@
 #   bash bench/run.sh --small         # tiny farm, fewer samples (what the CI test runs)
 #   bash bench/run.sh --skip-peer     # no scrapy-redis (no bench venv needed)
 #   bash bench/run.sh --profile       # py-spy on workers, spiders and the producer (in the JSON)
-# Installs what is missing: RabbitMQ, Redis and .venv (scripts/bootstrap.sh), nginx (apt), and
+# Installs what is missing: RabbitMQ, Redis and .venv (scripts/bootstrap.sh), nginx (apt), and (bench/venv.sh)
 # bench/.venv from bench/requirements-bench.lock (the runtime lock's pins plus scrapy,
 # scrapy-redis, py-spy and their dependencies, all with sha256 hashes, installed with
 # --require-hashes) for the peer; then runs `python -m bench.run "$@"` with the fleet's .venv.
@@ -36,18 +36,7 @@ for arg in "$@"; do
 done
 
 if [ "$skip_peer" -eq 0 ]; then
-    if [ ! -x bench/.venv/bin/python ]; then
-        log "creating bench/.venv with $(python3 --version)"
-        python3 -m venv bench/.venv
-    fi
-    stamp=bench/.venv/.requirements.sha256
-    wanted="$(sha256sum < bench/requirements-bench.lock | cut -d' ' -f1)"
-    if [ "$(cat "$stamp" 2>/dev/null || true)" != "$wanted" ]; then
-        log "installing bench/requirements-bench.lock into bench/.venv (hash-checked)"
-        bench/.venv/bin/pip install -q --disable-pip-version-check \
-            --require-hashes --only-binary=:all: -r bench/requirements-bench.lock >&2
-        echo "$wanted" > "$stamp"
-    fi
+    bash bench/venv.sh
 fi
 
 exec .venv/bin/python -m bench.run --bench-python bench/.venv/bin/python "$@"

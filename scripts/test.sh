@@ -7,4 +7,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/bootstrap.sh
+# The bench's own venv (its peers), wanted by tests/test_bench.py halfway through: installed in
+# the background meanwhile; the bench waits for it (bench/venv.sh takes a lock).
+if command -v flock >/dev/null 2>&1; then
+    bash bench/venv.sh > .venv/bench-venv.log 2>&1 &
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -44,11 +45,39 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: The RabbitMQ cluster, booting in a background thread since collection (see below).
+_EARLY_CLUSTER: dict[str, Any] = {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if {"services", "postgres", "rabbit_cluster", "sentinel_group"} & set(
                 getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    # The 3-node cluster takes ~25 s to boot: its tests run last, and it boots in the
+    # background meanwhile, while the other tests run (the session's one cluster either way).
+    wants = [item for item in items if "rabbit_cluster" in getattr(item, "fixturenames", ())]
+    if wants and len(wants) < len(items) and not config.option.collectonly:
+        items[:] = [item for item in items if item not in wants] + wants
+        cluster = LocalRabbitCluster()
+        result: dict[str, Any] = {}
+
+        def boot() -> None:
+            try:
+                result["started"] = cluster.__enter__()
+            except RuntimeError as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=boot, name="cluster-boot", daemon=True)
+        thread.start()
+        _EARLY_CLUSTER.update(cluster=cluster, thread=thread, result=result)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop a cluster booted early that no test took (a run cut short before them)."""
+    if _EARLY_CLUSTER and not _EARLY_CLUSTER.get("taken"):
+        _EARLY_CLUSTER["thread"].join(120)
+        _EARLY_CLUSTER["cluster"].__exit__(None, None, None)
 
 
 def _session_service(manager: Any, what: str) -> Iterator[Any]:
@@ -81,9 +110,23 @@ def postgres() -> Iterator[PostgresService]:
 
 @pytest.fixture(scope="session")
 def rabbit_cluster() -> Iterator[LocalRabbitCluster]:
-    """A 3-node RabbitMQ cluster on loopback for the session (about 30 s to start), started
-    only when a test asks for it (the node-loss tests)."""
-    yield from _session_service(LocalRabbitCluster(), "RabbitMQ cluster")
+    """A 3-node RabbitMQ cluster on loopback for the session (about 25 s to start), only when
+    a test asks for it (the node-loss and quorum tests), booted during the other tests."""
+    if not _EARLY_CLUSTER:
+        yield from _session_service(LocalRabbitCluster(), "RabbitMQ cluster")
+        return
+    _EARLY_CLUSTER["taken"] = True
+    cluster, thread, result = (_EARLY_CLUSTER[k] for k in ("cluster", "thread", "result"))
+    thread.join(300)
+    try:
+        if "started" not in result:
+            message = f"RabbitMQ cluster unavailable: {result.get('error', 'boot timed out')}"
+            if _in_ci():
+                pytest.fail(message, pytrace=False)
+            pytest.skip(message)
+        yield result["started"]
+    finally:
+        cluster.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="session")

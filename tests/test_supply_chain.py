@@ -2,7 +2,7 @@
 
 The human-edited inputs (``requirements*.txt``: direct dependencies pinned with ``==``) are
 compiled by pip-tools into locks (``*.lock``) that pin every package, indirect ones included,
-with the sha256 of its files; scripts/bootstrap.sh, the Dockerfile and bench/run.sh install
+with the sha256 of its files; scripts/bootstrap.sh, the Dockerfile and bench/venv.sh install
 only from a lock, with ``pip install --require-hashes``. No network: these tests read files,
 the running .venv's metadata and ``git ls-files``.
 """
@@ -31,7 +31,7 @@ LOCKS = {
 INSTALLERS = {
     "scripts/bootstrap.sh": "requirements-dev.lock",
     "Dockerfile": "requirements.lock",
-    "bench/run.sh": "bench/requirements-bench.lock",
+    "bench/venv.sh": "bench/requirements-bench.lock",
 }
 HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
@@ -195,7 +195,7 @@ def test_the_install_stamps_track_the_locks():
     bootstrap = (REPO / "scripts/bootstrap.sh").read_text()
     stamp = next(line for line in bootstrap.splitlines() if line.startswith("wanted="))
     assert "requirements.lock" in stamp and "requirements-dev.lock" in stamp, stamp
-    bench = (REPO / "bench/run.sh").read_text()
+    bench = (REPO / "bench/venv.sh").read_text()
     stamp = next(line.strip() for line in bench.splitlines() if "wanted=" in line)
     assert "bench/requirements-bench.lock" in stamp, stamp
 

@@ -88,10 +88,12 @@ def test_a_newcomer_installs_starts_crawls_a_url_file_watches_exports_and_stops(
 
     overview = fleet("--help")
     assert overview.returncode == 0 and all(name in overview.stdout for name in COMMANDS)
-    for name in COMMANDS:
-        helped = fleet(name, "--help")
-        assert helped.returncode == 0 and f"usage: scrape-fleet {name}" in helped.stdout, \
-            helped.stderr
+    helps = {name: subprocess.Popen(["scrape-fleet", name, "--help"], cwd=work, env=env,
+                                    text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for name in COMMANDS}  # at once: each is an interpreter start-up, mostly waiting
+    for name, proc in helps.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and f"usage: scrape-fleet {name}" in out, err
 
     site = TestSite(pages=PAGES).start()
     urls = [site.page_url(n) for n in range(1, PAGES + 1)]

@@ -51,10 +51,9 @@ from common.store.keys import (
     SCHEDULE_LEASE,
     SCHEDULE_STATE,
 )
+from common.web.curl import sendable
 
 ADD_BATCH = 1000
-#: Longest ETag / Last-Modified kept (the worker takes the same, common/work/revisit.py).
-MAX_VALIDATOR_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -110,10 +109,7 @@ def validators(record: dict[str, Any]) -> tuple[str, str]:
     status = record.get("status")
     if not isinstance(status, int) or not (200 <= status < 300 or status == 304):
         return "", ""
-    etag, modified = (v if isinstance(v, str) and len(v) <= MAX_VALIDATOR_CHARS
-                      and v.isascii() and v.isprintable() else ""
-                      for v in (record.get("etag"), record.get("last_modified")))
-    return etag, modified
+    return (sendable(record.get("etag")) or "", sendable(record.get("last_modified")) or "")
 
 
 @dataclass

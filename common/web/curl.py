@@ -47,6 +47,16 @@ DECODED_ENCODINGS = ("gzip", "x-gzip", "deflate")  # the Content-Encodings we of
 #: The request headers of every fetch (a fetch may add more for itself: Fetcher.fetch).
 BASE_HEADERS = ("Accept: text/html,application/xhtml+xml;q=0.9,*/*;q=0.5",
                 "Accept-Encoding: gzip, deflate")
+#: The longest header value a site gave that the fleet sends back (a revisit's validators).
+MAX_VALIDATOR_CHARS = 256
+
+
+def sendable(value: object) -> str | None:
+    """``value`` if the fleet may send it back as a request header value (short printable
+    ASCII: a line break would add a header of the site's choosing), else None."""
+    if not isinstance(value, str) or not value or len(value) > MAX_VALIDATOR_CHARS:
+        return None
+    return value if value.isascii() and value.isprintable() else None
 
 
 class Owner(Protocol):

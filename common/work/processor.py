@@ -49,7 +49,7 @@ from common.work.expired import release_expired
 from common.work.outcome import Failure, Outcome, dead_letter, park, wait_left_ms, waited_too_long
 from common.work.page_record import PageReader
 from common.work.record import bound, failure_record, fetch_record
-from common.work.redirects import HandOffFailed, Redirects
+from common.work.redirects import HandOffFailed, Redirects, scope_of
 from common.work.revisit import conditional_headers
 from common.work.robots_gate import Refused, RobotsGate
 
@@ -233,10 +233,9 @@ class Processor:
         if "redirected_from" in message.extra:  # reached through a redirect (redirects.py)
             record["redirected_from"] = message.extra["redirected_from"]
         if self.follower is not None and read.follow is not None:
-            scope = message.extra.get("scope")
             followed = self.follower.follow_plan(response.final_url, read.follow,
                                                  message.depth, rules, page_token=token,
-                                                 scope=scope if isinstance(scope, str) else None)
+                                                 scope=scope_of(message))
             if followed is not None:
                 record["followed"] = followed.new
         if read.call:  # EXTRACTOR's follow URLs (common/work/user_extractor.py)
@@ -295,12 +294,6 @@ class Processor:
         return dead_letter(url, body, headers, f"{reason} ({failure.reason})",
                            self._failure_record(url, headers, queue, message.depth),
                            mark_done=self._done_mark(url, message))
-
-    def _retime_now(self, retime: Retime) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        retime_permit(pipe, retime)
-        if pipe.command_stack:
-            pipe.execute()
 
     def _done_mark(self, url: str, message: WorkMessage) -> DoneMark:
         """The done mark of this message's outcome: the URL's, or for a recrawl (a ``nonce``

@@ -28,6 +28,7 @@ recorded once, with ``redirected_from``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import redis
@@ -44,21 +45,27 @@ class HandOffFailed(Exception):
     """The target could not be published: retry the redirected URL later."""
 
 
+def scope_of(message: WorkMessage) -> str | None:
+    """The URL the producer accepted, for a message reached through a redirect (else None)."""
+    scope = message.extra.get("scope")
+    return scope if isinstance(scope, str) else None
+
+
+def _same_origin_allowed(url: str, rules: RobotsRules | None, target: str) -> bool:
+    return origin_of(target) == origin_of(url) and (rules is None or rules.allows(target))
+
+
 class Redirects:
     def __init__(self, settings: Settings, client: redis.Redis,
                  follower: LinkFollower | None) -> None:
-        self.settings = settings
         self.follower = follower  # crawl mode: its scope rule and page budget
         self.producers = follower.producers if follower else ThreadProducers(settings, client)
 
-    def follow_rule(self, url: str, rules: RobotsRules | None) -> Callable[[str], bool]:
-        """Which redirect hops of ``url``'s fetch the fetcher follows itself."""
-        origin = origin_of(url)
-
-        def follow(target: str) -> bool:
-            return origin_of(target) == origin and (rules is None or rules.allows(target))
-
-        return follow
+    @staticmethod
+    def follow_rule(url: str, rules: RobotsRules | None) -> Callable[[str], bool]:
+        """Which redirect hops of ``url``'s fetch the fetcher follows itself (nothing is
+        computed until a redirect comes)."""
+        return partial(_same_origin_allowed, url, rules)
 
     def hand_off(self, url: str, message: WorkMessage, queue: str, target: str, hops: int,
                  token: str) -> dict[str, Any]:
@@ -70,8 +77,7 @@ class Redirects:
             HandOffFailed: the target was not published (the broker or Redis failed).
         """
         fields: dict[str, Any] = {"redirect_to": target}
-        scope = message.extra.get("scope")
-        scope = scope if isinstance(scope, str) else url
+        scope = scope_of(message) or url
         if self.follower is not None and not self.follower.in_scope(scope, target):
             fields["redirect"] = "out_of_scope"
             return fields

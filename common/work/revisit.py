@@ -15,31 +15,22 @@ of its own.
 
 from __future__ import annotations
 
-from typing import Any
-
 from common.broker.messages import WorkMessage
+from common.web.curl import MAX_VALIDATOR_CHARS, sendable
 from common.web.fetch import FetchResult
 
-MAX_VALIDATOR_CHARS = 256
+__all__ = ["MAX_VALIDATOR_CHARS", "conditional_headers", "validators_of"]
+
 #: Record field -> (response header, request header that sends it back).
 _FIELDS = (("etag", "etag", "If-None-Match"),
            ("last_modified", "last-modified", "If-Modified-Since"))
-
-
-def clean(value: Any) -> str | None:
-    """``value`` if it is a validator the fleet will send back, else None."""
-    if not isinstance(value, str) or not value or len(value) > MAX_VALIDATOR_CHARS:
-        return None
-    if not value.isascii() or not value.isprintable():
-        return None
-    return value
 
 
 def validators_of(response: FetchResult) -> dict[str, str]:
     """The response's validators as record fields (only those present and clean)."""
     found: dict[str, str] = {}
     for field, header, _request in _FIELDS:
-        value = clean(response.headers.get(header))
+        value = sendable(response.headers.get(header))
         if value is not None:
             found[field] = value
     return found
@@ -53,7 +44,7 @@ def conditional_headers(message: WorkMessage) -> tuple[str, ...]:
         return ()
     lines = []
     for field, _header, request in _FIELDS:
-        value = clean(given.get(field))
+        value = sendable(given.get(field))
         if value is not None:
             lines.append(f"{request}: {value}")
     return tuple(lines)

@@ -5,9 +5,9 @@ parsed rules for a minute, Redis for ROBOTS_TTL_S), so the hot path costs no rou
 origin whose rules nobody has yet is fetched by the one worker that takes
 ``robots:lock:{origin}``; the others park their URL for ROBOTS_BUSY_MS. The robots.txt request
 takes a rate-limit permit like any other request, and its answer tells the domain's throttle
-what a page's would (common/web/throttle.py): a robots.txt answering 429 or 503, or with a
-``Retry-After``, blocks the whole domain fleet-wide on the same curve, a timeout slows it, a
-healthy answer counts as healthy. (The entry is still "unavailable", RFC 9309: the origin's
+what a page's would (common/web/throttle.py): a robots.txt answering 429, 503 or another
+transient status (its ``Retry-After`` honoured) blocks the whole domain fleet-wide on the same
+curve, a timeout slows it, a healthy answer counts as healthy. (The entry is still "unavailable", RFC 9309: the origin's
 URLs are retried with backoff, and their turns wait for the block to end.)
 """
 

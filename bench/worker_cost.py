@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sites", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8, help="WORKER_CONCURRENCY")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                        help="more fleet settings, e.g. PARSE_CONCURRENCY=1")
+                        help="more fleet settings, e.g. FETCH_LOOPS=2")
     args = parser.parse_args(argv)
     extra = dict(pair.split("=", 1) for pair in args.env)
     logging.basicConfig(level=logging.WARNING)

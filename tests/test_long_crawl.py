@@ -110,7 +110,7 @@ def _transitions(records: list[logging.LogRecord], running: WorkerThread) -> lis
 
 def _oom_refusals(records: list[logging.LogRecord]) -> int:
     """Deliveries a fetch thread gave back because Redis refused them for memory."""
-    return sum(1 for r in records if r.name == "common.work.fetch_threads"
+    return sum(1 for r in records if r.name == "common.work.fetch_loops"
                and "OutOfMemoryError" in r.getMessage())
 
 
@@ -166,7 +166,7 @@ def test_a_crawl_that_fills_redis_pauses_the_fleet_until_a_sink_drains_it_and_lo
         assert redis_client.xlen(FAILURES_STREAM) == 0
         assert not [k for k in redis_client.hkeys(COUNTERS) if k.startswith(b"dead_lettered")]
         for running in fleet:
-            assert running.thread.is_alive() and running.worker.threads.alive() == CONCURRENCY
+            assert running.thread.is_alive() and running.worker.loops.alive() == CONCURRENCY
 
         # The status view says why: both heartbeats, the fleet's line, the table.
         def heartbeats_paused() -> bool:
@@ -206,7 +206,7 @@ def test_a_crawl_that_fills_redis_pauses_the_fleet_until_a_sink_drains_it_and_lo
         assert pauses >= 1 and set(history) == {"consuming", f"paused: {MEMORY}"}, histories
         assert history == ["consuming", f"paused: {MEMORY}"] * pauses + ["consuming"], histories
     for running in fleet:
-        assert running.worker.threads.alive() == 0  # stopped cleanly, none died before
+        assert running.worker.loops.alive() == 0  # stopped cleanly, none died before
 
     # Every URL exactly once in the sink's finalized parts, and no failure records.
     written = lines(parts)

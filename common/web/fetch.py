@@ -3,11 +3,12 @@
 :class:`Fetcher` is the policy around each request; what happens inside one request (the
 libcurl handle's options and the callbacks that guard, cap and decode) is common/web/curl.py.
 
-* libcurl through pycurl, one easy handle per fetch thread, kept between fetches so its
-  keep-alive connections are re-used per host. libcurl does the HTTP work in C with the GIL
-  released, at a fraction of the CPU per page that urllib3 cost (its response headers go
-  through Python's ``email`` parser), NOTES #25. Only http and https are enabled; no proxy,
-  .netrc or cookie is ever taken from the environment.
+* libcurl through pycurl: easy handles kept between fetches in a pool (one per fetch running
+  at once), their keep-alive connections re-used per host. In a worker the transfer runs in
+  a fetch loop's multi handle (common/web/multi.py), elsewhere in the calling thread. libcurl
+  does the HTTP work in C with the GIL released, at a fraction of the CPU per page that
+  urllib3 cost (its response headers go through Python's ``email`` parser), NOTES #25. Only
+  http and https are enabled; no proxy, .netrc or cookie is ever taken from the environment.
 * The address guard (common/web/netguard.py) runs in libcurl's open-socket callback, which sees
   every address libcurl is about to connect to after resolving the host: only an allowed one
   gets a socket. That is the address actually used, on every redirect hop; a name that resolves
@@ -47,6 +48,7 @@ from common.core.config import Settings
 from common.core.errors import FetchError
 from common.core.redact import redact_url
 from common.core.urls import without_credentials
+from common.web import multi
 from common.web.capture import ArchivingTransfer, Exchange
 from common.web.curl import BASE_HEADERS, MAX_HEADER_LINES, Transfer, new_easy_handle
 from common.web.netguard import AddressGuard
@@ -93,8 +95,8 @@ class _Handle:
 class Fetcher:
     """Fetches URLs with the fleet's timeouts, User-Agent, address guard and caps.
 
-    Thread-safe: each thread gets its own libcurl handle (and with it its own keep-alive
-    connections), created on its first fetch.
+    Thread-safe, and safe for a fetch loop's tasks: a fetch takes a libcurl handle from the
+    pool (or makes one) and gives it back when it ends.
     """
 
     def __init__(self, settings: Settings, guard: AddressGuard | None = None) -> None:
@@ -102,19 +104,19 @@ class Fetcher:
         self.guard = guard or AddressGuard(settings.fetch_allow_networks)
         self.allowed_types = tuple(t.strip().lower() for t in
                                    settings.allowed_content_types.split(",") if t.strip())
-        self._local = threading.local()
         self._lock = threading.Lock()
-        self._handles: list[pycurl.Curl] = []
+        self._idle: list[_Handle] = []  # handles no fetch is using
         self._generation = 0
         self._archiving = settings.archive == "warc"
 
     def close(self) -> None:
-        """Close every thread's handle and its connections (a later fetch opens new ones)."""
+        """Close the handles and their connections; one in use is closed when its fetch ends
+        (a later fetch opens new ones)."""
         with self._lock:
-            handles, self._handles = self._handles, []
+            idle, self._idle = self._idle, []
             self._generation += 1
-        for curl in handles:
-            curl.close()
+        for handle in idle:
+            handle.curl.close()
 
     def fetch(self, url: str, *, accept_any_type: bool = False, headers: Sequence[str] = (),
               follow: Callable[[str], bool] | None = None) -> FetchResult:
@@ -131,7 +133,7 @@ class Fetcher:
             FetchError: ``kind`` is timeout, connection (transient), or blocked,
                 too_many_redirects, bad_redirect, headers_too_large, invalid (permanent).
         """
-        handle = self._handle()
+        handle = self._take()
         started = time.perf_counter()
         deadline = time.monotonic() + self.settings.fetch_total_timeout_s
         sent_at: float | None = None
@@ -174,6 +176,7 @@ class Fetcher:
         finally:
             if headers:
                 handle.curl.setopt(pycurl.HTTPHEADER, list(BASE_HEADERS))
+            self._give_back(handle)
         raise FetchError(f"more than {self.settings.max_redirects} redirects",
                          kind="too_many_redirects", sent_at=sent_at)
 
@@ -185,18 +188,19 @@ class Fetcher:
         return mime in self.allowed_types
 
     # -- internals ---------------------------------------------------------------------------
-    def _handle(self) -> _Handle:
-        handle: _Handle | None = getattr(self._local, "handle", None)
-        if handle is not None and handle.generation == self._generation:
-            return handle
-        transfer = ArchivingTransfer(self) if self._archiving else Transfer(self)
-        curl = new_easy_handle(self.settings, transfer)
+    def _take(self) -> _Handle:
         with self._lock:
-            generation = self._generation
-            self._handles.append(curl)
-        handle = _Handle(curl, transfer, generation)
-        self._local.handle = handle
-        return handle
+            if self._idle:
+                return self._idle.pop()
+        transfer = ArchivingTransfer(self) if self._archiving else Transfer(self)
+        return _Handle(new_easy_handle(self.settings, transfer), transfer, self._generation)
+
+    def _give_back(self, handle: _Handle) -> None:
+        with self._lock:
+            if handle.generation == self._generation:
+                self._idle.append(handle)
+                return
+        handle.curl.close()  # closed meanwhile (close()): not kept
 
     def _perform(self, curl: pycurl.Curl, transfer: Transfer, url: str,
                  deadline: float) -> float | None:
@@ -215,7 +219,7 @@ class Fetcher:
         started_wall = time.time()
         error: pycurl.error | None = None
         try:
-            curl.perform()
+            multi.perform(curl)  # this thread's, or its fetch loop's (common/web/multi.py)
         except pycurl.error as exc:
             error = exc
         pretransfer_s = curl.getinfo(pycurl.PRETRANSFER_TIME)

@@ -28,7 +28,7 @@ Record = dict[str, Any]
 
 @dataclass
 class Delivery:
-    """One message received from a work queue, as a fetch thread gets it."""
+    """One message received from a work queue, as a fetch task gets it."""
 
     tag: int
     queue: str

@@ -1,6 +1,6 @@
 """ARCHIVE=warc: every fetched response kept as it was transferred, in WARC 1.1 files.
 
-One :class:`Archive` per worker process, shared by its fetch threads. For every response the
+One :class:`Archive` per worker process, shared by its fetch tasks. For every response the
 fetcher returned (any status; cache hits were fetched before and are not archived again) the
 processor calls :meth:`Archive.write` before the outcome is stored, and the result record gets
 ``archive: {"file": NAME.warc.gz, "offset": N, "length": L}``: the gzip member of the final
@@ -30,7 +30,6 @@ every thread's records written before it).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import os
@@ -70,8 +69,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._]+")
 class Archive:
     """The WARC writer of one worker process (thread-safe)."""
 
-    def __init__(self, settings: Settings,
-                 cpu_slots: threading.BoundedSemaphore | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.directory = Path(settings.archive_dir)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -94,15 +92,11 @@ class Archive:
         self._file: WarcFile | None = None
         self._serial = 0
         self._local = threading.local()
-        # Building the records is CPU work: with the worker's parse slots (PARSE_CONCURRENCY)
-        # it waits its turn with parsing instead of trading the GIL with every fetch thread.
-        self._cpu = cpu_slots or contextlib.nullcontext()
 
     @classmethod
-    def from_settings(cls, settings: Settings,
-                      cpu_slots: threading.BoundedSemaphore | None = None) -> Archive | None:
+    def from_settings(cls, settings: Settings) -> Archive | None:
         """The worker's archive, or None with ARCHIVE=none."""
-        return cls(settings, cpu_slots) if settings.archive == "warc" else None
+        return cls(settings) if settings.archive == "warc" else None
 
     def write(self, response: FetchResult) -> FetchResult:
         """Append ``response``'s records; returns it with ``archive`` (the final response
@@ -114,8 +108,7 @@ class Archive:
         """
         if not response.exchanges:
             return response
-        with self._cpu:
-            members = self._members(response.exchanges)
+        members = self._members(response.exchanges)
         blob = b"".join(members)
         final_at = len(blob) - len(members[-1]) - len(members[-2])
         with self._lock:

@@ -1,6 +1,6 @@
 """Outcomes: what the I/O thread must publish, durably, before it may ack a delivery.
 
-A fetch thread decides an :class:`Outcome` for each delivery; the I/O thread carries it out
+A fetch task decides an :class:`Outcome` for each delivery; the I/O thread carries it out
 (common/work/worker.py) and acks once it is durable:
 
 * ``result``        the result is already in Redis: ack;

@@ -1,7 +1,7 @@
 """Backpressure: when a worker stops taking deliveries, and when it takes them again.
 
 A paused worker has cancelled its consumers, so new messages wait in RabbitMQ, where they are
-durable; what it had already received (fetch threads, the local buffer: at most the prefetch
+durable; what it had already received (fetch tasks, the local buffer: at most the prefetch
 window) finishes normally. It pauses while any of these holds, and resumes once none does:
 
 * ``Redis memory``: used_memory above REDIS_MEMORY_HIGH of maxmemory, until it is below
@@ -11,7 +11,7 @@ window) finishes normally. It pauses while any of these holds, and resumes once 
   RESULTS_BACKLOG_LOW;
 * ``Redis unavailable`` / ``Redis refusing``: the check itself got no answer / an error reply,
   until a check succeeds;
-* ``Redis errors``: the fetch threads met at least :func:`unhealthy_after` error replies in a
+* ``Redis errors``: the fetch tasks met at least :func:`unhealthy_after` error replies in a
   row, OOM not counted (memory has its own watermark and a restart frees none). The worker is
   then unhealthy (/healthz answers 503, so an orchestrator restarts it) until a delivery
   succeeds. Meanwhile it pauses until ERRORS_RETRY_S passed without a new error, then takes
@@ -49,7 +49,7 @@ REFUSING = "Redis refusing"
 REASON_LABELS = {MEMORY: "redis_memory", BACKLOG: "results_backlog", ERRORS: "redis_errors",
                  UNAVAILABLE: "redis_unavailable", REFUSING: "redis_refusing"}
 
-#: Error replies in a row per fetch thread before the worker is unhealthy (see unhealthy_after).
+#: Error replies in a row per fetch task before the worker is unhealthy (see unhealthy_after).
 UNHEALTHY_ROUNDS = 3
 UNHEALTHY_MIN = 10
 #: A worker paused for Redis errors tries again after this long without a new one.
@@ -57,7 +57,7 @@ ERRORS_RETRY_S = 10.0
 
 
 def unhealthy_after(concurrency: int) -> int:
-    """N, the error replies in a row that make a worker unhealthy: three per fetch thread, at
+    """N, the error replies in a row that make a worker unhealthy: three per fetch task, at
     least 10. One transient refusal (a failed BGSAVE, a blip) hits at most the ``concurrency``
     deliveries running at that moment, and one success ends the streak; three rounds of
     every thread refused without a single success is, with the growing wait between refusals
@@ -67,7 +67,7 @@ def unhealthy_after(concurrency: int) -> int:
 
 @dataclass(frozen=True)
 class Streak:
-    """Error replies the fetch threads met in a row (OOM not counted)."""
+    """Error replies the fetch tasks met in a row (OOM not counted)."""
 
     count: int = 0
     last_at: float = 0.0  #: time.monotonic() of the last one
@@ -155,7 +155,7 @@ class PressureMonitor:
     """A thread that checks every ``interval_s`` and keeps :attr:`verdict` current.
 
     Args:
-        streak: the fetch threads' error streak, asked once per check.
+        streak: the fetch tasks' error streak, asked once per check.
     """
 
     def __init__(self, client: redis.Redis, pressure: Pressure, streak: Callable[[], Streak],

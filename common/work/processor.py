@@ -1,6 +1,6 @@
 """What a worker does with one message, decided off the I/O thread.
 
-:meth:`Processor.process` runs in a fetch thread and returns an
+:meth:`Processor.process` runs in a fetch loop's task (common/work/fetch_loops.py) and returns an
 :class:`~common.work.outcome.Outcome`: what must be durably published before the delivery may
 be acked.
 
@@ -13,7 +13,6 @@ from the worker's memory once known.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -40,6 +39,7 @@ from common.store.keys import COUNTERS, failures_key
 from common.store.marks import DoneMark, Retime
 from common.store.results import ResultStore
 from common.web import cache as response_cache
+from common.web import multi
 from common.web.fetch import Fetcher, FetchResult
 from common.web.ratelimit import RateLimiter, retime_permit
 from common.web.robots import RobotsRules, robots_fetcher
@@ -69,12 +69,8 @@ class Processor:
         self.done = DoneSet(client, settings.seen_buckets)
         self.follower = LinkFollower(settings, client) if settings.crawl_enabled else None
         self.redirects = Redirects(settings, client, self.follower)
-        # Parsing and recording are CPU work under the GIL: with every fetch thread at it,
-        # the threads hand the GIL back and forth at each C call and syscall (40 context
-        # switches a page with 8 threads). Fetches, which wait on the network, stay parallel.
-        self._parse_slots = threading.BoundedSemaphore(settings.parse_concurrency)
         self.pages = PageReader(settings)  # EXTRACT_RULES, EXTRACTOR: ConfigError if bad
-        self.archive = Archive.from_settings(settings, self._parse_slots)  # ARCHIVE=warc
+        self.archive = Archive.from_settings(settings)  # ARCHIVE=warc
 
     # -- entry points -------------------------------------------------------------------------
     def process(self, body: bytes, queue: str) -> Outcome:
@@ -94,8 +90,8 @@ class Processor:
                 return park(message, queue, remaining_ms, "waiting")
             if remaining_ms > 0:
                 # Under HOLD_MIN_MS (50 ms) early: not worth another hop, and arriving early
-                # would find the window still full. A short sleep, not a busy wait.
-                time.sleep(remaining_ms / 1000)
+                # would find the window still full. A short sleep (the loop's other tasks run).
+                multi.sleep(remaining_ms / 1000)
 
         rules = None
         if self.settings.robots_enabled:
@@ -220,13 +216,6 @@ class Processor:
                 done: DoneMark, *, cached: bool, rules: RobotsRules | None = None,
                 retime: Retime | None = None) -> Outcome:
         """``done`` is the URL's done mark, as computed for the admit call."""
-        with self._parse_slots:
-            return self._parse_and_record(url, message, queue, response, done, cached=cached,
-                                          rules=rules, retime=retime)
-
-    def _parse_and_record(self, url: str, message: WorkMessage, queue: str,
-                          response: FetchResult, done: DoneMark, *, cached: bool,
-                          rules: RobotsRules | None, retime: Retime | None) -> Outcome:
         read = self.pages.read(url, response, queue=queue, depth=message.depth,
                                attempts=message.attempts + 1, cached=cached)
         record, token = read.record, f"{done.key}:{done.member}"

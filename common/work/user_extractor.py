@@ -18,7 +18,7 @@ Guards: an exception or a malformed return value becomes ``data_errors["extracto
 EXTRACTOR_TIMEOUT_S: Python cannot stop a thread, so the call runs inline and is measured;
 when it took longer its output is discarded and ``data_errors["extractor"]`` starts with
 ``extractor_slow``. (A helper thread with a timeout would leave the abandoned call running on
-the same lxml tree the fetch thread keeps reading, and piling up under a slow site.)
+the same lxml tree the fetch task keeps reading, and piling up under a slow site.)
 """
 
 from __future__ import annotations

@@ -5,13 +5,13 @@ Threads and ownership (pika is not thread-safe; see NOTES.md #6):
 * The main thread owns the AMQP connection. It runs ``process_data_events`` in a loop, which
   keeps heartbeats flowing however long a fetch takes, receives deliveries into a local
   priority buffer, publishes dead-letters/retries with asynchronous confirms, and acks.
-* ``concurrency`` fetch threads (common/work/fetch_threads.py) take deliveries from a priority
-  buffer (priority_queue first), run the processor, and append the outcome to a hand-over
-  deque.
-* While every fetch thread has work, the main thread works in ticks (BUSY_TICK_S): it
+* ``concurrency`` fetch tasks in FETCH_LOOPS threads (common/work/fetch_loops.py: libcurl's
+  multi interface, a greenlet per task) take deliveries from a priority buffer
+  (priority_queue first), run the processor, and append the outcome to a hand-over deque.
+* While every fetch task has work, the main thread works in ticks (BUSY_TICK_S): it
   sleeps, then handles every pending AMQP event, outcome and confirm in one go. Waking for each
   frame and each outcome made the threads trade the GIL dozens of times per page (NOTES #26).
-  Below that it blocks in ``process_data_events`` and fetch threads wake it when they finish.
+  Below that it blocks in ``process_data_events`` and fetch tasks wake it when they finish.
 
 A delivery is acked only once its outcome is durable (the ack ledger, common/work/acks.py).
 
@@ -50,7 +50,7 @@ from common.intake.defer import Releaser
 from common.store.marks import DoneMark
 from common.work import metrics
 from common.work.acks import AckLedger, Delivery, expiration_of
-from common.work.fetch_threads import FetchThreads
+from common.work.fetch_loops import FetchLoops
 from common.work.heartbeat import Heartbeat
 from common.work.outcome import Outcome
 from common.work.pressure import Pressure, PressureMonitor, unhealthy_after
@@ -71,8 +71,8 @@ class Worker:
         self.processed = 0
         self.outcomes: dict[str, int] = {}
         self._stop = threading.Event()
-        self.threads = FetchThreads(settings.concurrency, processor, self._hand_over,
-                                    self._stop, SHUTDOWN_GRACE_S)
+        self.loops = FetchLoops(settings.concurrency, settings.fetch_loops, processor,
+                                  self._hand_over, self._stop, SHUTDOWN_GRACE_S)
         self._generation = 0
         self._generation_started = False
         self._connection: pika.BlockingConnection | None = None
@@ -84,14 +84,14 @@ class Worker:
         self._completed: collections.deque[tuple[Delivery, Outcome | None]] = (
             collections.deque())
         self._done_lock = threading.Lock()
-        self._outstanding = 0  # deliveries handed to fetch threads and not yet finished
+        self._outstanding = 0  # deliveries handed to fetch tasks and not yet finished
         self._ticking = False  # the I/O thread polls every BUSY_TICK_S (no wake-ups needed)
         self._wake_scheduled = False
         self.heartbeat = Heartbeat(processor.client, settings.worker_id,
                                    settings.heartbeat_interval_s, self.snapshot)
         self.pressure = PressureMonitor(
             processor.client, Pressure(settings, unhealthy_after(settings.concurrency)),
-            self.threads.streak, settings.pressure_check_s)
+            self.loops.streak, settings.pressure_check_s)
         self._consumer_tags: list[str] = []
         self._paused = False  # consumers cancelled (see _apply_pressure)
         self.metrics_address = "0.0.0.0"  # noqa: S104 - in a container; tests use loopback
@@ -108,7 +108,7 @@ class Worker:
     def snapshot(self) -> dict[str, Any]:
         """What the heartbeat publishes about this worker."""
         return {"processed": self.processed, "outcomes": dict(self.outcomes),
-                "in_flight": len(self.ledger.inflight), "current": self.threads.current_urls(),
+                "in_flight": len(self.ledger.inflight), "current": self.loops.current_urls(),
                 "concurrency": self.settings.concurrency,
                 "pressure": self.pressure.verdict.as_dict()}
 
@@ -118,7 +118,7 @@ class Worker:
 
     def run(self) -> int:
         """Consume until stopped or idle; returns the process exit code."""
-        for t in (self.threads, self.pressure, self.heartbeat, Releaser(self.settings, self._stop)):
+        for t in (self.loops, self.pressure, self.heartbeat, Releaser(self.settings, self._stop)):
             t.start()  # the Releaser publishes deferred URLs on time (common/intake/defer.py)
         server = metrics.serve(self.settings.metrics_port, self.pressure.health,
                                self.metrics_address)
@@ -146,7 +146,7 @@ class Worker:
                 finally:
                     connected_once = connected_once or self._generation_started
         finally:
-            self.threads.stop()
+            self.loops.stop()
             self._drop_connection()
             self.heartbeat.stop()
             self.pressure.stop()
@@ -196,7 +196,7 @@ class Worker:
             logger.warning("paused: %s; %d deliveries in flight finish, new ones wait in "
                            "RabbitMQ", verdict.reason, len(self.ledger.inflight))
         else:
-            # Rank decides who a free fetch thread serves first: expired messages (a cheap
+            # Rank decides who a free fetch task serves first: expired messages (a cheap
             # Redis call each), then priority_queue, then url_queue_ttl.
             for rank, name in enumerate((topology.EXPIRED_QUEUE, *topology.WORK_QUEUES)):
                 callback = functools.partial(self._on_delivery, rank, name, self._generation)
@@ -225,20 +225,20 @@ class Worker:
                             time.monotonic(), expiration_of(properties))
         self.ledger.received(delivery)
         self._outstanding += 1
-        self.threads.put(rank, delivery)
+        self.loops.put(rank, delivery)
 
     def _turn(self) -> None:
         """One turn of the I/O loop: AMQP events, finished outcomes, confirms, acks.
 
-        Saturated (at least ``concurrency`` deliveries outstanding: every fetch thread has
+        Saturated (at least ``concurrency`` deliveries outstanding: every fetch task has
         work), it ticks: sleep BUSY_TICK_S, then take every event at once. Otherwise it waits
-        for the next event, and fetch threads wake it when they finish (a politeness-bound
+        for the next event, and fetch tasks wake it when they finish (a politeness-bound
         crawl, where every few milliseconds of hand-over add up across windows).
         """
         if self._outstanding >= self.settings.concurrency:
             with self._done_lock:
                 self._ticking = True
-            time.sleep(BUSY_TICK_S)  # the GIL is the fetch threads' meanwhile
+            time.sleep(BUSY_TICK_S)  # the GIL is the fetch loops' meanwhile
             self._connection.process_data_events(time_limit=0)
         else:
             with self._done_lock:
@@ -250,7 +250,7 @@ class Worker:
         self.ledger.flush()
 
     def _drain_completed(self) -> None:
-        """Runs on the main thread: settle every outcome the fetch threads handed over."""
+        """Runs on the main thread: settle every outcome the fetch tasks handed over."""
         with self._done_lock:
             completed = list(self._completed)
             self._completed.clear()
@@ -306,7 +306,7 @@ class Worker:
             self._channel.basic_cancel(tag)
         # Deliveries not started yet go straight back to the broker (a copy, #40).
         returned = 0
-        for item in self.threads.take_unstarted():
+        for item in self.loops.take_unstarted():
             self._outstanding -= 1
             self.ledger.give_back(item)
             returned += 1
@@ -322,7 +322,7 @@ class Worker:
         self._connection.close()
 
     def _hand_over(self, delivery: Delivery, outcome: Outcome | None) -> None:
-        """Runs in a fetch thread: give the outcome to the I/O thread. A ticking I/O thread
+        """Runs in a fetch task: give the outcome to the I/O thread. A ticking I/O thread
         (see _turn) takes it on its next tick; a waiting one is woken, once per batch (a write
         to pika's wake-up socket)."""
         connection = self._connection

@@ -197,7 +197,7 @@ def test_archive_none_keeps_nothing_and_uses_the_plain_callbacks(tmp_path, web):
     fetcher = Fetcher(settings)
     response = fetcher.fetch(web.page_url(2))
     assert response.exchanges == () and response.archive is None
-    assert type(fetcher._handle().transfer) is Transfer
+    assert type(fetcher._take().transfer) is Transfer  # the handle the fetch gave back
     assert Archive.from_settings(settings) is None
 
 

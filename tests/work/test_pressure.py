@@ -28,7 +28,7 @@ from common.store.backlog import Fill
 from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
 from common.work import metrics
 from common.work.acks import Delivery
-from common.work.fetch_threads import FetchThreads
+from common.work.fetch_loops import FetchLoops
 from common.work.pressure import (
     BACKLOG,
     ERRORS,
@@ -114,7 +114,7 @@ def test_a_refusal_returns_the_delivery_within_the_capped_wait_however_long_the_
     # refusals in a row (a fetch thread died of it); its exponent is clamped, and the wait ends
     # at once on stop.
     stopping = threading.Event()
-    threads = FetchThreads(1, None, lambda d, o: None, stopping, 1.0)  # type: ignore[arg-type]
+    threads = FetchLoops(1, 1, None, lambda d, o: None, stopping, 1.0)  # type: ignore[arg-type]
     threads._refusals = 5000
     stopping.set()
     delivery = Delivery(1, topology.NORMAL_QUEUE, b"{}", 0, False, 0.0)
@@ -215,13 +215,13 @@ def test_a_worker_pauses_while_redis_memory_is_over_maxmemory_and_resumes_on_its
         assert pressure["redis_memory"]["ratio"] > 0.9, pressure
         table = run_cli("stats.py")
         assert "pressure: paused: Redis memory" in table.stdout, table.stdout
-        assert worker.threads.alive() == 2 and running.thread.is_alive()
+        assert worker.loops.alive() == 2 and running.thread.is_alive()
         assert _ready(own, topology.NORMAL_QUEUE) > 0  # the rest waits in RabbitMQ
 
         redis_client.config_set("maxmemory", 0)  # the operator makes room
         assert wait_for(lambda: not worker.pressure.verdict.paused, 30)
         assert running.join(120) == 0
-    assert worker.threads.alive() == 0  # stopped cleanly, none died before
+    assert worker.loops.alive() == 0  # stopped cleanly, none died before
     _one_result_each(redis_client, urls)
     _nothing_dead_lettered(own, redis_client)
 
@@ -285,7 +285,7 @@ def test_a_worker_pauses_at_the_results_backlog_and_resumes_once_the_sink_acknow
             "over_high": True}
         table = run_cli("stats.py", env=env).stdout
         assert f"paused: results backlog ({held:,} entries, sink test" in table, table
-        assert redis_client.xlen(RESULTS_STREAM) == held and worker.threads.alive() == 1
+        assert redis_client.xlen(RESULTS_STREAM) == held and worker.loops.alive() == 1
 
         resumed = 0
         deadline = time.monotonic() + 300
@@ -324,10 +324,10 @@ def test_healthz_turns_503_after_repeated_redis_refusals_and_200_once_redis_acce
     with loopback as running:
         worker = running.worker
         n = unhealthy_after(2)
-        assert wait_for(lambda: _get(port, "/healthz")[0] == 503, 120), worker.threads.streak()
+        assert wait_for(lambda: _get(port, "/healthz")[0] == 503, 120), worker.loops.streak()
         status, body, _ = _get(port, "/healthz")
         assert status == 503 and "Redis errors in a row" in body and "NoPermission" in body
-        assert worker.threads.streak().count >= n and worker.threads.alive() == 2
+        assert worker.loops.streak().count >= n and worker.loops.alive() == 2
         assert wait_for(lambda: worker.pressure.verdict.reason == ERRORS, 10)
         assert 'fleet_worker_healthy 0.0' in _get(port, "/metrics")[1]
 

@@ -1,23 +1,28 @@
-"""The worker's fetch threads: a priority buffer of deliveries and the threads that process them.
+"""The worker's fetch loops: a priority buffer of deliveries and the loops that process them.
 
-Each thread takes the best delivery in the buffer (lowest rank: expired messages, then
-priority_queue, then url_queue_ttl; first come first within a rank), runs the
-:class:`~common.work.processor.Processor` on it and hands the outcome to the I/O thread
-(``hand_over``). A thread never dies of what a delivery does, and a Redis error gives the
-delivery back to the broker, where it is durable, within a bounded time:
+FETCH_LOOPS threads (1) each run a :class:`~common.web.multi.FetchLoop` with its share of
+WORKER_CONCURRENCY tasks (8). A task takes the best delivery in the buffer (lowest rank:
+expired messages, then priority_queue, then url_queue_ttl; first come first within a rank),
+runs the :class:`~common.work.processor.Processor` on it and hands the outcome to the I/O
+thread (``hand_over``). Fetches wait on the network side by side in the loop's multi handle;
+CPU work (parsing, Redis, recording) is done by one task per loop at a time, so the GIL is not
+traded between eight fetch threads (NOTES #26, #50). A loop never dies of what a delivery does,
+and a Redis error gives the delivery back to the broker, where it is durable, within a bounded
+time:
 
-* Redis unavailable (down, loading, a read-only replica): the thread holds its delivery and
+* Redis unavailable (down, loading, a read-only replica): the task holds its delivery and
   retries with the reconnect policy, for up to HOLD_MAX_S (a restart is ridden out in place),
   then gives it back (the worker is paused by then: common/work/pressure.py);
 * Redis refusing the work (OOM at ``maxmemory``, MISCONF after a failed save, NOPERM, any
   other error reply): the delivery goes back after a wait that grows while the refusals go on
   (at most RECONNECT_MAX_S, 5 s), so a full Redis is not hammered. Refusals other than OOM in
-  a row, across threads, are the :class:`~common.work.pressure.Streak` that makes the worker
+  a row, across tasks, are the :class:`~common.work.pressure.Streak` that makes the worker
   unhealthy;
 * any other exception (a bug): the message is dead-lettered with the exception's class rather
   than crash-looping the fleet on it.
 
-Add a Redis call's own timeout (``socket_timeout``, 10 s in ``connect_redis``) to each bound.
+Add a Redis call's own timeout (``socket_timeout``, 10 s in ``connect_redis``) to each bound;
+a Redis call blocks its whole loop meanwhile (the others go on).
 """
 
 from __future__ import annotations
@@ -29,13 +34,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import redis
 
 from common.broker import topology
 from common.core.backoff import reconnect_delay_s
 from common.core.errors import REDIS_UNAVAILABLE
+from common.web import multi
+from common.web.multi import FetchLoop
 from common.work import metrics
 from common.work.acks import Delivery
 from common.work.outcome import Outcome
@@ -44,66 +50,76 @@ from common.work.processor import Processor
 
 logger = logging.getLogger(__name__)
 
-_STOP_THREAD = object()
 #: Longest a delivery is held while Redis is unavailable before it goes back to the broker.
 HOLD_MAX_S = 30.0
+#: Longest an idle loop waits before it looks at the buffer and the stop flag again.
+_IDLE_WAIT_S = 0.1
 
 
-class FetchThreads:
-    """``count`` threads processing deliveries from one priority buffer.
+class FetchLoops:
+    """``count`` tasks in ``loops`` threads, processing deliveries from one priority buffer.
 
     Args:
-        hand_over: called in the fetch thread with each delivery and its outcome (None: give
+        hand_over: called in the loop's thread with each delivery and its outcome (None: give
             the delivery back to the broker, Redis went away during shutdown).
         stopping: set when the worker is stopping (no more Redis retries).
     """
 
-    def __init__(self, count: int, processor: Processor,
+    def __init__(self, count: int, loops: int, processor: Processor,
                  hand_over: Callable[[Delivery, Outcome | None], None],
                  stopping: threading.Event, join_timeout_s: float) -> None:
         self.count = count
+        loops = max(1, min(loops, count))
+        self._shares = [count // loops + (1 if i < count % loops else 0) for i in range(loops)]
         self.processor = processor
         self._hand_over = hand_over
         self._stopping = stopping
         self._join_timeout_s = join_timeout_s
-        self._buffer: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
+        self._buffer: queue.PriorityQueue[tuple[int, int, Delivery]] = queue.PriorityQueue()
         self._seq = itertools.count()
-        self._threads: list[threading.Thread] = []
-        self._current: dict[str, bytes] = {}  # thread name -> body it is working on
-        self._refusals = 0  # Redis error replies in a row, across threads (see _refused)
+        self._threads: list[tuple[threading.Thread, int]] = []
+        self._loops: list[tuple[FetchLoop, int]] = []  # each running loop and its share
+        self._closing = False  # stop(): loops take no more deliveries, end with their tasks
+        self._current: dict[int, bytes] = {}  # task number -> body it is working on
+        self._refusals = 0  # Redis error replies in a row, across tasks (see _refused)
         self._errors = Streak()  # the same, OOM not counted: the worker's health
         self._lock = threading.Lock()  # refusals only; a success resets without it
 
     def start(self) -> None:
-        for index in range(self.count):
-            thread = threading.Thread(target=self._main, name=f"fetch-{index}", daemon=True)
+        for index, share in enumerate(self._shares):
+            thread = threading.Thread(target=self._main, args=(share,), name=f"fetch-{index}",
+                                      daemon=True)
             thread.start()
-            self._threads.append(thread)
+            self._threads.append((thread, share))
 
     def stop(self) -> None:
-        """Let each thread finish its delivery, then end it."""
-        for _ in self._threads:
-            self._buffer.put((-1, next(self._seq), _STOP_THREAD))
-        for thread in self._threads:
+        """Let each loop finish the deliveries it started, then end it."""
+        self._closing = True
+        for loop, _share in list(self._loops):
+            loop.wake()
+        for thread, _share in self._threads:
             thread.join(timeout=self._join_timeout_s)
 
     def put(self, rank: int, delivery: Delivery) -> None:
         self._buffer.put((rank, next(self._seq), delivery))
+        for loop, share in self._loops:
+            if loop.asleep and loop.tasks < share:
+                loop.wake()
+                return
 
     def take_unstarted(self) -> list[Delivery]:
-        """Empty the buffer: the deliveries no thread has started yet."""
+        """Empty the buffer: the deliveries no task has started yet."""
         taken = []
         while True:
             try:
                 _rank, _seq, item = self._buffer.get_nowait()
             except queue.Empty:
                 return taken
-            if isinstance(item, Delivery):
-                taken.append(item)
+            taken.append(item)
 
     def alive(self) -> int:
-        """How many fetch threads are running."""
-        return sum(thread.is_alive() for thread in self._threads)
+        """How many tasks the running loops can run at once (``count`` while all is well)."""
+        return sum(share for thread, share in self._threads if thread.is_alive())
 
     def streak(self) -> Streak:
         """Error replies in a row, OOM not counted (see common/work/pressure.py)."""
@@ -113,27 +129,48 @@ class FetchThreads:
         """The URLs being processed right now (decoded only when asked: the heartbeat)."""
         return sorted(_peek_url(body) for body in list(self._current.values()))
 
-    def _main(self) -> None:
-        while True:
-            _rank, _seq, item = self._buffer.get()
-            if item is _STOP_THREAD:
-                return
-            name = threading.current_thread().name
-            try:
-                self._current[name] = item.body
-                outcome = self._process(item)
-            except Exception:  # noqa: BLE001 - e.g. a bug in worker_error itself
-                logger.exception("could not process delivery %s from %s; returning it",
-                                 item.tag, item.queue)
-                outcome = None
-            finally:
-                self._current.pop(name, None)
-            try:
-                self._hand_over(item, outcome)
-            except Exception:  # noqa: BLE001 - the thread must outlive a failed hand-over
-                # The delivery stays unacked on its channel; the broker redelivers it when
-                # that channel goes. Log the bug loudly, keep serving.
-                logger.exception("could not hand over delivery %s from %s", item.tag, item.queue)
+    def _main(self, share: int) -> None:
+        loop = FetchLoop(max_connects=max(4, 4 * share))
+        buffer = self._buffer
+
+        def wanted() -> bool:
+            return self._closing or (loop.tasks < share and not buffer.empty())
+
+        entry = (loop, share)
+        self._loops.append(entry)
+        try:
+            while True:
+                while loop.tasks < share and not self._closing:
+                    try:
+                        _rank, _seq, item = buffer.get_nowait()
+                    except queue.Empty:
+                        break
+                    loop.spawn(self._serve, item)
+                if self._closing and not loop.tasks:
+                    return
+                loop.run_once(_IDLE_WAIT_S, wanted)
+        finally:
+            self._loops.remove(entry)
+            loop.close()
+
+    def _serve(self, item: Delivery) -> None:
+        """One task: process one delivery and hand its outcome over."""
+        key = next(self._seq)
+        try:
+            self._current[key] = item.body
+            outcome = self._process(item)
+        except Exception:  # noqa: BLE001 - e.g. a bug in worker_error itself
+            logger.exception("could not process delivery %s from %s; returning it",
+                             item.tag, item.queue)
+            outcome = None
+        finally:
+            self._current.pop(key, None)
+        try:
+            self._hand_over(item, outcome)
+        except Exception:  # noqa: BLE001 - the loop must outlive a failed hand-over
+            # The delivery stays unacked on its channel; the broker redelivers it when
+            # that channel goes. Log the bug loudly, keep serving.
+            logger.exception("could not hand over delivery %s from %s", item.tag, item.queue)
 
     def _process(self, delivery: Delivery) -> Outcome | None:
         """Process a delivery; None gives it back to the broker (see the module docstring)."""
@@ -159,7 +196,7 @@ class FetchThreads:
                              HOLD_MAX_S - held_s)
                 logger.warning("Redis unavailable (%s); holding delivery, retry in %.1fs",
                                exc, wait_s)
-                self._stopping.wait(wait_s)
+                multi.sleep(wait_s, until=self._stopping)
             except redis.RedisError as exc:
                 return self._refused(delivery, exc)
             except Exception as exc:  # noqa: BLE001 - any bug in processing, see below
@@ -188,7 +225,7 @@ class FetchThreads:
         logger.warning("Redis refused the work for a delivery from %s (%s: %s); returning it "
                        "to the broker in %.1fs", delivery.queue, type(exc).__name__, exc, wait_s)
         if not self._stopping.is_set():
-            self._stopping.wait(wait_s)
+            multi.sleep(wait_s, until=self._stopping)
         return None
 
 

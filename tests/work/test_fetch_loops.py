@@ -1,6 +1,6 @@
-"""Fetch threads outlive whatever Redis answers: against a real Redis that refuses writes
+"""Fetch loops outlive whatever Redis answers: against a real Redis that refuses writes
 (``maxmemory`` reached under ``noeviction``), the delivery goes back to the broker and the
-same thread serves the next one once Redis accepts writes again."""
+same loop serves the next one once Redis accepts writes again."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from common.broker import topology
 from common.broker.messages import WorkMessage
 from common.work.acks import Delivery
-from common.work.fetch_threads import FetchThreads
+from common.work.fetch_loops import FetchLoops
 from common.work.processor import Processor
 
 
@@ -28,12 +28,12 @@ def _delivery(tag: int, url: str) -> Delivery:
     return Delivery(tag, topology.NORMAL_QUEUE, body, 0, False, 0.0)
 
 
-def test_a_redis_that_refuses_writes_returns_the_delivery_and_the_thread_lives_on(
+def test_a_redis_that_refuses_writes_returns_the_delivery_and_the_loop_lives_on(
         settings, redis_client, site, full_redis):
     handed: queue.Queue = queue.Queue()
     stopping = threading.Event()
     processor = Processor(settings.with_overrides(robots_enabled=False), redis_client)
-    threads = FetchThreads(1, processor, lambda d, o: handed.put((d, o)), stopping, 5.0)
+    threads = FetchLoops(1, 1, processor, lambda d, o: handed.put((d, o)), stopping, 5.0)
     threads.start()
     try:
         threads.put(1, _delivery(1, site.page_url(1)))

@@ -20,6 +20,7 @@ import pika.exceptions
 import redis
 
 from common.core.config import Settings
+from common.web.multi import FetchLoop
 from common.work.processor import Processor
 from common.work.worker import Worker
 
@@ -38,6 +39,26 @@ TEST_ENV: dict[str, str] = {
     "FETCH_ALLOW_NETWORKS": "127.0.0.0/8",
     "DEFER_LEAD_S": "0",  # publish everything at once; deferral: tests/test_fairness.py
 }
+
+
+def in_fetch_loop(loop: FetchLoop, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` run as a task of ``loop`` (made in this thread), to its end:
+    its fetches and sleeps go through the loop as a worker's do. Returns or raises as
+    ``call`` did."""
+    box: dict[str, Any] = {}
+
+    def task() -> None:
+        try:
+            box["value"] = call(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
+            box["error"] = exc
+
+    loop.spawn(task)
+    while loop.tasks:
+        loop.run_once(0.1, lambda: False)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def start_worker_process(settings: Settings, *args: str, env: dict[str, str] | None = None,

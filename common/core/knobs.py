@@ -107,7 +107,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("FETCH_LOOPS", "fetch_loops", values.positive_int, "1",
          "Threads driving the worker's fetches (libcurl multi), each with its share of "
          "WORKER_CONCURRENCY: 1 costs the least CPU per page, 2 gives one process more "
-         "pages/s on a spare core (NOTES #50)."),
+         "pages/s on a spare core (NOTES #26)."),
     Knob("PREFETCH", "prefetch", values.non_negative_int, "0",
          "basic_qos prefetch per consumer (0: twice the concurrency)."),
     Knob("PRIORITY_AUTO_ACK", "priority_auto_ack", values.boolean, "false",

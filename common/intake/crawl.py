@@ -61,7 +61,8 @@ return grant
 
 
 class ThreadProducers:
-    """One :class:`Producer` (AMQP connection) per fetch thread, created on its first use."""
+    """One :class:`Producer` (AMQP connection) per thread that publishes (a worker's fetch
+    loop: its tasks publish one at a time, never across a switch), created on its first use."""
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings

@@ -2,7 +2,7 @@
 
 Eight fetch threads sharing one GIL traded it at every C call that releases it (libcurl's
 transfer and each of its callbacks, lxml, zstd, every Redis send and receive): 21-41 context
-switches and a quarter of the worker's CPU in the kernel per page (NOTES #26, #50). A
+switches and a quarter of the worker's CPU in the kernel per page (NOTES #26). A
 :class:`FetchLoop` runs its tasks in one thread instead. A task is a greenlet running plain
 blocking code (the worker's whole :class:`~common.work.processor.Processor`); it is switched
 out only where it would wait:

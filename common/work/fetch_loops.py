@@ -6,7 +6,7 @@ expired messages, then priority_queue, then url_queue_ttl; first come first with
 runs the :class:`~common.work.processor.Processor` on it and hands the outcome to the I/O
 thread (``hand_over``). Fetches wait on the network side by side in the loop's multi handle;
 CPU work (parsing, Redis, recording) is done by one task per loop at a time, so the GIL is not
-traded between eight fetch threads (NOTES #26, #50). A loop never dies of what a delivery does,
+traded between eight fetch threads (NOTES #26). A loop never dies of what a delivery does,
 and a Redis error gives the delivery back to the broker, where it is durable, within a bounded
 time:
 

@@ -1,0 +1,163 @@
+"""The fetch loop (common/web/multi.py): many fetches and sleeps in one thread, none holding
+the others, against a real local site. tests/web/test_fetch.py runs every Fetcher test inside
+a loop as well; these are about the loop itself."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import time
+
+import pycurl
+import pytest
+
+from common.core.config import Settings
+from common.core.errors import FetchError
+from common.web import multi
+from common.web.fetch import Fetcher
+from common.web.multi import FetchLoop
+from tests.helpers import in_fetch_loop
+
+LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
+
+
+def _fetcher(networks: tuple = LOOPBACK) -> Fetcher:
+    return Fetcher(Settings().with_overrides(fetch_allow_networks=networks))
+
+
+@pytest.fixture
+def loop():
+    made = FetchLoop()
+    yield made
+    made.close()
+
+
+def _run_all(loop: FetchLoop) -> None:
+    while loop.tasks:
+        loop.run_once(0.1, lambda: False)
+
+
+def test_a_slow_page_does_not_hold_the_other_fetches_of_its_loop(loop, site):
+    fetcher = _fetcher()
+    finished: list[str] = []
+
+    def slow() -> None:
+        fetcher.fetch(site.url("/slow/1.5"))
+        finished.append("slow")
+
+    def fast(n: int) -> None:
+        assert fetcher.fetch(site.page_url(n)).status == 200
+        finished.append(f"page {n}")
+
+    loop.spawn(slow)
+    for n in range(1, 6):
+        loop.spawn(fast, n)
+    _run_all(loop)
+    fetcher.close()
+    # All in one thread: had a transfer blocked it, the slow page would have come first.
+    assert finished[-1] == "slow" and loop.tasks == 0
+    assert sorted(finished[:-1]) == [f"page {n}" for n in range(1, 6)]
+
+
+def test_a_sleeping_task_lets_the_others_run_and_wakes_in_order(loop):
+    order: list[str] = []
+
+    def sleeper(name: str, seconds: float) -> None:
+        multi.sleep(seconds)
+        order.append(name)
+
+    loop.spawn(sleeper, "long", 0.3)
+    loop.spawn(sleeper, "short", 0.05)
+    loop.spawn(order.append, "none")
+    _run_all(loop)
+    assert order == ["none", "short", "long"]
+
+
+def test_a_sleep_ends_early_once_its_event_is_set(loop):
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    in_fetch_loop(loop, multi.sleep, 60, until=stop)
+    assert stop.is_set() and time.monotonic() - started < 30  # not the 60 s asked for
+
+
+def test_outside_a_loop_perform_and_sleep_block_the_caller_as_usual(site):
+    fetcher = _fetcher()
+    assert fetcher.fetch(site.page_url(1)).status == 200  # curl.perform() in this thread
+    stop = threading.Event()
+    stop.set()
+    multi.sleep(60, until=stop)  # returns at once: the event is set
+    fetcher.close()
+
+
+def test_a_transfer_error_reaches_its_task_as_the_same_fetch_error(loop):
+    fetcher = _fetcher()
+    with pytest.raises(FetchError) as info:
+        in_fetch_loop(loop, fetcher.fetch, f"http://127.0.0.1:{_closed_port()}/")
+    assert info.value.kind == "connection" and info.value.transient
+    fetcher.close()
+
+
+def test_a_refused_address_is_refused_inside_a_loop(loop, site):
+    fetcher = _fetcher(())
+    with pytest.raises(FetchError) as info:
+        in_fetch_loop(loop, fetcher.fetch, site.page_url(1))
+    assert info.value.kind == "blocked" and not site.log  # nothing reached the site
+    fetcher.close()
+
+
+def test_a_waiting_loop_is_woken_from_another_thread(loop):
+    threading.Timer(0.1, loop.wake).start()
+    started = time.monotonic()
+    loop.run_once(60, lambda: False)  # nothing to do: it waits until woken
+    assert time.monotonic() - started < 30
+
+
+def test_a_loop_that_says_it_wants_work_does_not_wait(loop):
+    started = time.monotonic()
+    loop.run_once(60, lambda: True)
+    assert time.monotonic() - started < 30
+
+
+def test_concurrent_fetches_use_one_handle_each_and_give_them_back(loop, site):
+    fetcher = _fetcher()
+    seen: set[int] = set()
+
+    def fetch(n: int) -> None:
+        fetcher.fetch(site.url(f"/slow/0.{n}"))
+
+    real_perform = multi.perform
+
+    def spy(curl: pycurl.Curl) -> None:
+        seen.add(id(curl))
+        real_perform(curl)
+
+    multi.perform = spy  # the fetcher calls multi.perform through the module
+    try:
+        for n in range(1, 5):
+            loop.spawn(fetch, n)
+        _run_all(loop)
+    finally:
+        multi.perform = real_perform
+    assert len(seen) == 4 and len(fetcher._idle) == 4  # four at once, all given back
+    fetcher.close()
+    assert fetcher._idle == []
+
+
+def test_a_task_that_raises_is_logged_and_the_loop_goes_on(loop, caplog):
+    def broken() -> None:
+        raise RuntimeError("a bug in a task")
+
+    done: list[int] = []
+    loop.spawn(broken)
+    loop.spawn(done.append, 1)
+    _run_all(loop)
+    assert done == [1] and loop.tasks == 0
+    assert "a fetch task failed" in caplog.text and "a bug in a task" in caplog.text
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # closed once the block ends: nothing listens

@@ -2,9 +2,13 @@
 
 :class:`Watched` starts a child, samples its CPU time from ``/proc/PID/stat`` while it runs (so
 the CPU spent before a moment, e.g. start-up before the first page, can be subtracted), and
-reaps it with ``os.wait4`` to get its exact final ``rusage`` (CPU and ``ru_maxrss``, the peak
-resident set, the same as VmHWM). :func:`group_cpu_s` sums the CPU of a process group (the
-services run each in their own group).
+reaps it with ``os.wait4`` to get its exact final CPU. Its peak resident set is the highest
+VmHWM read from ``/proc/PID/status`` while it ran (every sample, and every 50 ms while it is
+being reaped), not wait4's ``ru_maxrss``: Linux keeps in ``ru_maxrss`` the high-water mark of
+the memory a child had before its ``exec``, and a child spawned with vfork (as subprocess
+does) had the parent's, so every child of a 130 MB bench process reported at least 130 MB
+(NOTES #20). :func:`group_cpu_s` sums the CPU of a process group (the services run each in
+their own group).
 """
 
 from __future__ import annotations
@@ -75,7 +79,8 @@ class Watched:
     Attributes:
         samples: (time.time(), cpu_s) pairs taken every ``interval_s`` while it ran.
         cpu_s: final user + system CPU (from wait4), once exited.
-        maxrss_kb: peak resident set (from wait4), once exited.
+        maxrss_kb: peak resident set (the highest VmHWM read; see the module doc), once
+            exited; None if it exited before a reading.
     """
 
     proc: subprocess.Popen[bytes]
@@ -112,12 +117,15 @@ class Watched:
     def _sample(self) -> None:
         while not self._done.is_set():
             cpu = proc_cpu_s(self.proc.pid)
-            mem = proc_rss_kb(self.proc.pid)
             if cpu is not None:
                 self.samples.append((time.time(), cpu))
-            if mem is not None:
-                self.peak_hwm_kb = max(self.peak_hwm_kb, mem[1])
+            self._read_hwm()
             self._done.wait(self.interval_s)
+
+    def _read_hwm(self) -> None:
+        mem = proc_rss_kb(self.proc.pid)
+        if mem is not None:
+            self.peak_hwm_kb = max(self.peak_hwm_kb, mem[1])
 
     def cpu_at(self, wall_time_s: float) -> float:
         """CPU seconds used by ``wall_time_s``: the last sample taken at or before it (0 if
@@ -136,6 +144,7 @@ class Watched:
                 self.terminate(sig)
             deadline = time.monotonic() + limit_s
             while True:
+                self._read_hwm()
                 pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
                 if pid == self.proc.pid:
                     return self._reaped(status, usage)
@@ -153,7 +162,7 @@ class Watched:
     def _reaped(self, status: int, usage: resource.struct_rusage) -> int:
         self._done.set()
         self.cpu_s = usage.ru_utime + usage.ru_stime
-        self.maxrss_kb = usage.ru_maxrss
+        self.maxrss_kb = self.peak_hwm_kb or None  # not ru_maxrss: see the module doc
         self.returncode = os.waitstatus_to_exitcode(status)
         self.proc.returncode = self.returncode  # so Popen never waits on the reaped pid
         return self.returncode

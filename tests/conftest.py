@@ -45,8 +45,27 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 
 
-#: The RabbitMQ cluster, booting in a background thread since collection (see below).
-_EARLY_CLUSTER: dict[str, Any] = {}
+#: Services booting in background threads since collection, by fixture name (see below).
+_EARLY: dict[str, dict[str, Any]] = {}
+
+
+def _boot_early(name: str, manager: Any) -> None:
+    """Start entering ``manager`` in a background thread; the fixture ``name`` takes it."""
+    result: dict[str, Any] = {}
+
+    def boot() -> None:
+        try:
+            result["started"] = manager.__enter__()
+        except RuntimeError as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=boot, name=f"{name}-boot", daemon=True)
+    thread.start()
+    _EARLY[name] = {"manager": manager, "thread": thread, "result": result}
+
+
+def _wants(items: list[pytest.Item], fixture: str) -> list[pytest.Item]:
+    return [item for item in items if fixture in getattr(item, "fixturenames", ())]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -54,30 +73,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if {"services", "postgres", "rabbit_cluster", "sentinel_group"} & set(
                 getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    if config.option.collectonly:
+        return
     # The 3-node cluster takes ~25 s to boot: its tests run last, and it boots in the
     # background meanwhile, while the other tests run (the session's one cluster either way).
-    wants = [item for item in items if "rabbit_cluster" in getattr(item, "fixturenames", ())]
-    if wants and len(wants) < len(items) and not config.option.collectonly:
+    wants = _wants(items, "rabbit_cluster")
+    if wants and len(wants) < len(items):
         items[:] = [item for item in items if item not in wants] + wants
-        cluster = LocalRabbitCluster()
-        result: dict[str, Any] = {}
-
-        def boot() -> None:
-            try:
-                result["started"] = cluster.__enter__()
-            except RuntimeError as exc:
-                result["error"] = exc
-
-        thread = threading.Thread(target=boot, name="cluster-boot", daemon=True)
-        thread.start()
-        _EARLY_CLUSTER.update(cluster=cluster, thread=thread, result=result)
+        _boot_early("rabbit_cluster", LocalRabbitCluster())
+    # The Sentinel group (~7 s) boots from the start too, when some tests but not all want it.
+    wants = _wants(items, "sentinel_group")
+    if wants and len(wants) < len(items):
+        _boot_early("sentinel_group", SentinelGroup(replicas=2))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop a cluster booted early that no test took (a run cut short before them)."""
-    if _EARLY_CLUSTER and not _EARLY_CLUSTER.get("taken"):
-        _EARLY_CLUSTER["thread"].join(120)
-        _EARLY_CLUSTER["cluster"].__exit__(None, None, None)
+    """Stop a service booted early that no test took (a run cut short before them)."""
+    for entry in _EARLY.values():
+        if not entry.get("taken"):
+            entry["thread"].join(120)
+            entry["manager"].__exit__(None, None, None)
+
+
+def _early_service(name: str, what: str, make: Callable[[], Any]) -> Iterator[Any]:
+    """The session's service: the one booting since collection, else ``make()`` entered now."""
+    entry = _EARLY.get(name)
+    if entry is None:
+        yield from _session_service(make(), what)
+        return
+    entry["taken"] = True
+    entry["thread"].join(300)
+    result = entry["result"]
+    try:
+        if "started" not in result:
+            message = f"{what} unavailable: {result.get('error', 'boot timed out')}"
+            if _in_ci():
+                pytest.fail(message, pytrace=False)
+            pytest.skip(message)
+        yield result["started"]
+    finally:
+        entry["manager"].__exit__(None, None, None)
 
 
 def _session_service(manager: Any, what: str) -> Iterator[Any]:
@@ -112,28 +147,15 @@ def postgres() -> Iterator[PostgresService]:
 def rabbit_cluster() -> Iterator[LocalRabbitCluster]:
     """A 3-node RabbitMQ cluster on loopback for the session (about 25 s to start), only when
     a test asks for it (the node-loss and quorum tests), booted during the other tests."""
-    if not _EARLY_CLUSTER:
-        yield from _session_service(LocalRabbitCluster(), "RabbitMQ cluster")
-        return
-    _EARLY_CLUSTER["taken"] = True
-    cluster, thread, result = (_EARLY_CLUSTER[k] for k in ("cluster", "thread", "result"))
-    thread.join(300)
-    try:
-        if "started" not in result:
-            message = f"RabbitMQ cluster unavailable: {result.get('error', 'boot timed out')}"
-            if _in_ci():
-                pytest.fail(message, pytrace=False)
-            pytest.skip(message)
-        yield result["started"]
-    finally:
-        cluster.__exit__(None, None, None)
+    yield from _early_service("rabbit_cluster", "RabbitMQ cluster", LocalRabbitCluster)
 
 
 @pytest.fixture(scope="session")
 def sentinel_group() -> Iterator[SentinelGroup]:
     """A Redis primary, two replicas and three sentinels on loopback, for the whole session,
-    started only when a test asks (about 8 s)."""
-    yield from _session_service(SentinelGroup(replicas=2), "Redis with Sentinel")
+    only when a test asks (about 7 s to start), booted during the other tests."""
+    yield from _early_service("sentinel_group", "Redis with Sentinel",
+                              lambda: SentinelGroup(replicas=2))
 
 
 @pytest.fixture

@@ -67,7 +67,7 @@ def phase_crawlee(ctx: Ctx, urls: Sequence[str], tag: str, extract: bool = False
 def phase_crawl(ctx: Ctx, wanted: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The fleet and the wanted peers on the same URLs, alternating in rounds."""
     urls = ctx.farm.urls()
-    rounds = max(1, ctx.args.rounds if ctx.args.rounds else (1 if ctx.args.small else 2))
+    rounds = max(1, ctx.args.rounds if ctx.args.rounds else (1 if ctx.args.small else 4))
     fleet_rounds: list[dict[str, Any]] = []
     peers = [name for name in PEERS if name in wanted]
     skipped = peer_unavailable(ctx)

@@ -97,9 +97,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "PREFETCH=64; recorded in the JSON")
     parser.add_argument("--rounds", type=int, default=None,
                         help="alternate fleet and peer this many times, each on a slice of the "
-                             "URL list (default 2; 1 with --small)")
+                             "URL list (default 4; 1 with --small; NOTES #20)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=8, help="fetch threads per worker")
+    parser.add_argument("--concurrency", type=int, default=8, help="concurrent fetches per worker")
     parser.add_argument("--spiders", type=int, default=2)
     parser.add_argument("--peer-concurrency", type=int, default=16,
                         help="CONCURRENT_REQUESTS per spider (Scrapy's default)")

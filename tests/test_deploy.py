@@ -194,7 +194,7 @@ def _mib(quantity: str) -> float:
 
 
 def test_scraper_memory_is_sized_from_the_measured_worker_rss(rendered):
-    # The newest bench run comes first in bench/RESULTS.md (its RSS is maxrss/1024: MiB).
+    # The newest bench run comes first in bench/RESULTS.md (its RSS is VmHWM/1024: MiB).
     results = (REPO_ROOT / "bench" / "RESULTS.md").read_text()
     rss_mib = float(re.search(r"^worker peak RSS\s+([\d.]+)\s+MB", results, re.M).group(1))
     defaults = {knob.env: knob.default for knob in KNOBS}

@@ -56,7 +56,7 @@ def _boot_early(name: str, manager: Any) -> None:
     def boot() -> None:
         try:
             result["started"] = manager.__enter__()
-        except RuntimeError as exc:
+        except Exception as exc:  # noqa: BLE001 - the fixture that takes it reports it
             result["error"] = exc
 
     thread = threading.Thread(target=boot, name=f"{name}-boot", daemon=True)
@@ -68,6 +68,12 @@ def _wants(items: list[pytest.Item], fixture: str) -> list[pytest.Item]:
     return [item for item in items if fixture in getattr(item, "fixturenames", ())]
 
 
+def _last(items: list[pytest.Item], wants: list[pytest.Item]) -> None:
+    """Move ``wants`` to the end of ``items``, each group in its order."""
+    moved = {id(item) for item in wants}
+    items[:] = [item for item in items if id(item) not in moved] + wants
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if {"services", "postgres", "rabbit_cluster", "sentinel_group"} & set(
@@ -75,11 +81,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
     if config.option.collectonly:
         return
+    # RabbitMQ and Redis (~11 s) boot in the background while the tests that need neither
+    # run first; the tests that need them follow, in their order.
+    wants = _wants(items, "services")
+    if wants and len(wants) < len(items):
+        _last(items, wants)
+        _boot_early("services", fleet_services())
     # The 3-node cluster takes ~25 s to boot: its tests run last, and it boots in the
     # background meanwhile, while the other tests run (the session's one cluster either way).
     wants = _wants(items, "rabbit_cluster")
     if wants and len(wants) < len(items):
-        items[:] = [item for item in items if item not in wants] + wants
+        _last(items, wants)
         _boot_early("rabbit_cluster", LocalRabbitCluster())
     # The Sentinel group (~7 s) boots from the start too, when some tests but not all want it.
     wants = _wants(items, "sentinel_group")
@@ -104,6 +116,8 @@ def _early_service(name: str, what: str, make: Callable[[], Any]) -> Iterator[An
     entry["taken"] = True
     entry["thread"].join(300)
     result = entry["result"]
+    if "error" in result and not isinstance(result["error"], RuntimeError):
+        raise result["error"]  # a bug in the boot, not an unavailable service
     try:
         if "started" not in result:
             message = f"{what} unavailable: {result.get('error', 'boot timed out')}"
@@ -132,8 +146,9 @@ def _session_service(manager: Any, what: str) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def services() -> Iterator[FleetServices]:
-    """RabbitMQ and Redis for the whole session (a local RabbitMQ takes 5-20 s to start)."""
-    yield from _session_service(fleet_services(), "RabbitMQ/Redis")
+    """RabbitMQ and Redis for the whole session (a local RabbitMQ takes 5-20 s to start),
+    booted during the tests that need neither."""
+    yield from _early_service("services", "RabbitMQ/Redis", fleet_services)
 
 
 @pytest.fixture(scope="session")

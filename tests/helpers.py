@@ -21,6 +21,7 @@ import redis
 
 from common.core.config import Settings
 from common.web.multi import FetchLoop
+from common.work.loop_redis import loop_client_options
 from common.work.processor import Processor
 from common.work.worker import Worker
 
@@ -153,7 +154,8 @@ class WorkerThread:
     idle wait is then not spent by every test that only waits for the crawl to end."""
 
     def __init__(self, settings: Settings) -> None:
-        client = redis.Redis.from_url(settings.redis_url)
+        # The worker's own client: replies to its per-page scripts awaited through the loop.
+        client = redis.Redis.from_url(settings.redis_url, **loop_client_options())
         self.settings = settings
         self.worker = Worker(settings, Processor(settings, client))
         self.exit_code: int | None = None

@@ -56,7 +56,7 @@ class Settings:
     connect_retry_s: float = 30.0
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     concurrency: int = 8
-    fetch_loops: int = 2
+    fetch_loops: int = 1
     prefetch: int = 0
     priority_auto_ack: bool = False
     idle_exit_s: float = 0.0

@@ -104,10 +104,9 @@ KNOBS: tuple[Knob, ...] = (
          "Worker id in logs and results (default: hostname-pid)."),
     Knob("WORKER_CONCURRENCY", "concurrency", values.positive_int, "8",
          "Parallel fetches per worker process; --concurrency overrides."),
-    Knob("FETCH_LOOPS", "fetch_loops", values.positive_int, "2",
+    Knob("FETCH_LOOPS", "fetch_loops", values.positive_int, "1",
          "Threads driving the worker's fetches (libcurl multi, a greenlet per fetch), each "
-         "with its share of WORKER_CONCURRENCY; one parses while the other waits on Redis "
-         "(NOTES #26)."),
+         "with its share of WORKER_CONCURRENCY; one costs the least CPU per page (NOTES #26)."),
     Knob("PREFETCH", "prefetch", values.non_negative_int, "0",
          "basic_qos prefetch per consumer (0: twice the concurrency)."),
     Knob("PRIORITY_AUTO_ACK", "priority_auto_ack", values.boolean, "false",

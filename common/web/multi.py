@@ -10,7 +10,11 @@ out only where it would wait:
 * :func:`perform`, one libcurl transfer: the easy handle joins the loop's multi handle and the
   task waits until libcurl reports the transfer done (or failed: the same ``pycurl.error``
   ``curl.perform()`` raises);
-* :func:`sleep`: a timer (a rate-limit slot a few milliseconds away, a wait for Redis).
+* :func:`sleep`: a timer (a rate-limit slot a few milliseconds away, a wait for Redis);
+* :func:`wait_readable`, a socket with nothing to read yet, only inside :func:`yielding`: a
+  Redis reply to the processor's two per-page scripts (common/work/loop_redis.py), so a loop
+  parses one page while another task's script runs in Redis. Opt-in, because code that keeps
+  state across a Redis call (a producer's publish-and-confirm) must not be interleaved.
 
 Outside a loop's task (a producer's robots.txt, the sitemap tools, tests) both block the
 calling thread as ``curl.perform()`` and ``time.sleep`` do, so the code calling them does not
@@ -19,13 +23,18 @@ its end without a switch, so no lock is ever held across one and thread locks st
 Why greenlets rather than asyncio: the processor stays the synchronous code it is, with
 redis-py, pika and lxml as they are; only the two waits above know about the loop.
 
-The loop waits in ``select`` on libcurl's sockets and a wake-up socket, which another thread
-writes (:meth:`FetchLoop.wake`) only when the loop sleeps and has said it wants work.
+The loop is libcurl's event-driven integration (``socket_action``): libcurl says which sockets
+to watch and when its next timeout is (the socket and timer callbacks), the loop waits in one
+``poll`` on those sockets and a wake-up socket, and tells libcurl which socket is ready, so only
+that transfer's handle is worked on. ``poll`` has no descriptor limit (``select`` and libcurl's
+``fdset`` leave out sockets numbered past 1,023). Another thread writes the wake-up socket
+(:meth:`FetchLoop.wake`) only when the loop sleeps and has said it wants work.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import itertools
 import logging
@@ -33,7 +42,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import greenlet
@@ -43,12 +52,18 @@ logger = logging.getLogger(__name__)
 
 #: Longest a task sleeps at once while it waits for an event (see :func:`sleep`).
 _EVENT_SLICE_S = 0.25
+#: What libcurl asks to watch a socket for (its socket callback), as poll() masks.
+_WATCH = {pycurl.POLL_IN: select.POLLIN, pycurl.POLL_OUT: select.POLLOUT,
+          pycurl.POLL_INOUT: select.POLLIN | select.POLLOUT}
+_READABLE = select.POLLIN | select.POLLPRI | select.POLLHUP
+_BROKEN = select.POLLERR | select.POLLNVAL
 
 
 class _Task(greenlet.greenlet):
     """A greenlet run by a :class:`FetchLoop`; ``loop`` is how :func:`perform` finds it."""
 
     loop: FetchLoop | None = None
+    yields = False  # inside yielding(): socket reads wait through the loop
 
 
 class FetchLoop:
@@ -59,17 +74,23 @@ class FetchLoop:
 
     def __init__(self, max_connects: int = 32) -> None:
         self._hub = greenlet.getcurrent()
-        self._thread = threading.get_ident()
+        self._poller = select.poll()
+        self._curl_due: float | None = None  # libcurl's next timeout (monotonic), if any
         self._multi = pycurl.CurlMulti()
         self._multi.setopt(pycurl.M_MAXCONNECTS, max_connects)
+        self._multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
+        self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
         self._transfers: dict[pycurl.Curl, _Task] = {}
+        self._readers: dict[int, tuple[_Task, float]] = {}  # fd -> task waiting, its deadline
         self._timers: list[tuple[float, int, _Task]] = []
         self._ready: collections.deque[tuple[_Task, tuple[Any, ...]]] = collections.deque()
         self._seq = itertools.count()
         self._wake_in, self._wake_out = socket.socketpair()
         self._wake_in.setblocking(False)
         self._wake_out.setblocking(False)
-        self.asleep = False  # in select, waiting: another thread must wake() it
+        self._wake_fd = self._wake_in.fileno()
+        self._poller.register(self._wake_fd, select.POLLIN)
+        self.asleep = False  # in poll, waiting: another thread must wake() it
         self.tasks = 0  # started and not finished
 
     def close(self) -> None:
@@ -97,36 +118,65 @@ class FetchLoop:
         True (work came meanwhile) skips the wait."""
         self._fire_timers()
         self._run_ready()
-        self._reap()
+        self._curl_timeout()
         if self._ready:
             return
         wait_s = timeout_s
+        now = time.monotonic()
         if self._timers:
-            wait_s = min(wait_s, self._timers[0][0] - time.monotonic())
-        curl_ms = self._multi.timeout()
-        if curl_ms >= 0:
-            wait_s = min(wait_s, curl_ms / 1000)
+            wait_s = min(wait_s, self._timers[0][0] - now)
+        if self._curl_due is not None:
+            wait_s = min(wait_s, self._curl_due - now)
+        if self._readers:
+            wait_s = min(wait_s, min(due for _task, due in self._readers.values()) - now)
+        events: list[tuple[int, int]] = []
         if wait_s > 0:
             self.asleep = True
             try:
                 if wanted():
                     return
-                readers, writers, errors = self._multi.fdset()
-                ready, _, _ = select.select([*readers, self._wake_in], writers, errors, wait_s)
+                events = self._poller.poll(wait_s * 1000)
             finally:
                 self.asleep = False
-            if self._wake_in in ready:
+        else:
+            events = self._poller.poll(0)
+        for fd, event in events:
+            if fd == self._wake_fd:
                 self._drain_wake()
-        self._reap()
+                continue
+            if fd in self._readers:
+                self._resume_reader(fd)
+                continue
+            flags = (pycurl.CSELECT_IN if event & _READABLE else 0) | (
+                pycurl.CSELECT_OUT if event & select.POLLOUT else 0) | (
+                pycurl.CSELECT_ERR if event & _BROKEN else 0)
+            self._multi.socket_action(fd, flags)
+        if events:
+            self._collect()
+        self._curl_timeout()
         self._fire_timers()
+        if self._readers:
+            now = time.monotonic()
+            for fd in [fd for fd, (_task, due) in self._readers.items() if due <= now]:
+                self._resume_reader(fd)  # its own read then waits out the socket's timeout
 
     # -- what a task calls (through the module functions) ------------------------------------
     def _perform(self, curl: pycurl.Curl, task: _Task) -> None:
-        self._multi.add_handle(curl)
+        self._multi.add_handle(curl)  # libcurl sets a timeout of 0: started at the next turn
         self._transfers[curl] = task
         error = self._hub.switch()
         if error is not None:
             raise error
+
+    def _wait_readable(self, fd: int, timeout_s: float, task: _Task) -> None:
+        self._readers[fd] = (task, time.monotonic() + timeout_s)
+        self._poller.register(fd, select.POLLIN)
+        self._hub.switch()
+
+    def _resume_reader(self, fd: int) -> None:
+        task, _due = self._readers.pop(fd)
+        self._poller.unregister(fd)
+        self._ready.append((task, (None,)))
 
     def _sleep(self, seconds: float, task: _Task) -> None:
         heapq.heappush(self._timers, (time.monotonic() + seconds, next(self._seq), task))
@@ -150,13 +200,31 @@ class FetchLoop:
             if not task.dead:
                 task.switch(*value)
 
-    def _reap(self) -> None:
-        """Let libcurl move every transfer on; queue the tasks whose transfer ended."""
-        if not self._transfers:
-            return
+    def _on_socket(self, what: int, fd: int, _multi: object, _data: object) -> None:
+        """libcurl's socket callback: watch ``fd`` for what it says, or no longer."""
+        if what == pycurl.POLL_REMOVE:
+            try:
+                self._poller.unregister(fd)
+            except KeyError:
+                logger.debug("libcurl removed socket %d, which was not watched", fd)
+        else:
+            self._poller.register(fd, _WATCH[what])
+
+    def _on_timer(self, timeout_ms: int) -> None:
+        """libcurl's timer callback: its next timeout in ``timeout_ms`` (-1: none)."""
+        self._curl_due = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+
+    def _curl_timeout(self) -> None:
+        """Tell libcurl its timeout came, if it did (it also starts handles just added)."""
+        due = self._curl_due
+        if due is not None and due <= time.monotonic():
+            self._curl_due = None
+            self._multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)
+            self._collect()
+
+    def _collect(self) -> None:
+        """Queue the tasks whose transfer ended, with None or the transfer's error."""
         multi = self._multi
-        while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
-            pass  # libcurl < 7.20 asked to be called again at once; later ones never do
         while True:
             queued, done, failed = multi.info_read()
             for curl in done:
@@ -196,6 +264,33 @@ def perform(curl: pycurl.Curl) -> None:
         curl.perform()
     else:
         loop._perform(curl, task)  # noqa: SLF001 - the loop's own entry for its tasks
+
+
+@contextlib.contextmanager
+def yielding() -> Iterator[None]:
+    """Within it, a loop's task lets the others run while it waits to read a socket
+    (:func:`wait_readable`). The caller must hold no state another task could touch."""
+    task = greenlet.getcurrent()
+    if _loop_of(task) is None or task.yields:
+        yield
+        return
+    task.yields = True
+    try:
+        yield
+    finally:
+        task.yields = False
+
+
+def wait_readable(sock: socket.socket) -> None:
+    """In a loop's task inside :func:`yielding`, wait until ``sock`` has something to read
+    (or its timeout passed), letting the loop's other tasks run; elsewhere return at once (the
+    caller's blocking read waits)."""
+    task = greenlet.getcurrent()
+    loop = _loop_of(task)
+    if loop is not None and task.yields:
+        timeout_s = sock.gettimeout()
+        loop._wait_readable(sock.fileno(), 3600.0 if timeout_s is None else timeout_s,  # noqa: SLF001
+                            task)
 
 
 def sleep(seconds: float, until: threading.Event | None = None) -> None:

@@ -1,14 +1,14 @@
 """The worker's fetch loops: a priority buffer of deliveries and the loops that process them.
 
-FETCH_LOOPS threads (2) each run a :class:`~common.web.multi.FetchLoop` with its share of
-WORKER_CONCURRENCY tasks (8: four each). A task takes the best delivery in the buffer (lowest
-rank: expired messages, then priority_queue, then url_queue_ttl; first come first within a
-rank), runs the :class:`~common.work.processor.Processor` on it and hands the outcome to the
-I/O thread (``hand_over``). Fetches wait on the network side by side in the loop's multi
-handle; CPU work (parsing, Redis, recording) is done by one task per loop at a time, so two
-threads share the GIL, not eight fetch threads (NOTES #26). A loop never dies of what a
-delivery does, and a Redis error gives the delivery back to the broker, where it is durable,
-within a bounded time:
+FETCH_LOOPS threads (1) each run a :class:`~common.web.multi.FetchLoop` with their share of
+WORKER_CONCURRENCY tasks (8). A task takes the best delivery in the buffer (lowest rank:
+expired messages, then priority_queue, then url_queue_ttl; first come first within a rank),
+runs the :class:`~common.work.processor.Processor` on it and hands the outcome to the I/O
+thread (``hand_over``). Fetches, and the replies to the two per-page Redis scripts
+(common/work/loop_redis.py), are waited for side by side in the loop; the CPU work (parsing,
+recording) is done by one task at a time, so the GIL is not traded between eight fetch
+threads (NOTES #26). A loop never dies of what a delivery does, and a Redis error gives the
+delivery back to the broker, where it is durable, within a bounded time:
 
 * Redis unavailable (down, loading, a read-only replica): the task holds its delivery and
   retries with the reconnect policy, for up to HOLD_MAX_S (a restart is ridden out in place),
@@ -22,7 +22,7 @@ within a bounded time:
   than crash-looping the fleet on it.
 
 Add a Redis call's own timeout (``socket_timeout``, 10 s in ``connect_redis``) to each bound;
-a Redis call blocks its whole loop meanwhile (the others go on).
+a Redis call other than the two per-page scripts blocks its loop meanwhile.
 """
 
 from __future__ import annotations

@@ -128,9 +128,11 @@ class Processor:
         use_cache = self.settings.cache_ttl_s > 0
         done = self._done_mark(url, message)
         booked = message.extra.get("slot")
-        admission = self.limiter.admit(domain, rate, cache_url=url if use_cache else None,
-                                       done=done, booked_ms=booked if type(booked) is int else 0,
-                                       max_wait_ms=wait_left_ms(message, self.settings.max_wait_s))
+        with multi.yielding():  # the loop's other tasks run while Redis answers
+            admission = self.limiter.admit(
+                domain, rate, cache_url=url if use_cache else None, done=done,
+                booked_ms=booked if type(booked) is int else 0,
+                max_wait_ms=wait_left_ms(message, self.settings.max_wait_s))
         metrics.show_throttle(domain, admission.throttle)
         if admission.already_done:  # acked only once the replicas hold that outcome too
             self.results.confirm_replicated(url)
@@ -236,9 +238,10 @@ class Processor:
             cache_value = (value, self.settings.cache_ttl_s) if value is not None else None
         counters = {"cache_hits": 1} if cached else (
             {"cache_misses": 1} if self.settings.cache_ttl_s > 0 else {})
-        self.results.record(record, cache=cache_value, counters=counters,
-                            clear_failures=message.attempts > 0, done=done,
-                            retime=retime)
+        with multi.yielding():
+            self.results.record(record, cache=cache_value, counters=counters,
+                                clear_failures=message.attempts > 0, done=done,
+                                retime=retime)
         return Outcome("result", url, detail=f"status {response.status}"
                        + (" (cached)" if cached else ""))
 

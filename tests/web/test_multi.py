@@ -5,6 +5,8 @@ a loop as well; these are about the loop itself."""
 from __future__ import annotations
 
 import ipaddress
+import os
+import resource
 import socket
 import threading
 import time
@@ -161,3 +163,25 @@ def _closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]  # closed once the block ends: nothing listens
+
+
+def test_a_loop_fetches_when_its_sockets_are_numbered_past_1023(loop, site):
+    # select() cannot watch a descriptor past FD_SETSIZE (1,024); a long-running worker's
+    # sockets can be numbered that high, so the loop waits with poll().
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.dup(0) for _ in range(max(0, 1100 - _highest_fd()))]
+    try:
+        fetcher = _fetcher()
+        assert in_fetch_loop(loop, fetcher.fetch, site.url("/slow/0.2")).status == 200
+        fetcher.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _highest_fd() -> int:
+    probe = os.dup(0)
+    os.close(probe)
+    return probe

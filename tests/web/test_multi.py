@@ -4,6 +4,7 @@ a loop as well; these are about the loop itself."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import resource
@@ -13,12 +14,14 @@ import time
 
 import pycurl
 import pytest
+import redis
 
 from common.core.config import Settings
 from common.core.errors import FetchError
 from common.web import multi
 from common.web.fetch import Fetcher
 from common.web.multi import FetchLoop
+from common.work.loop_redis import loop_client_options
 from tests.helpers import in_fetch_loop
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
@@ -185,3 +188,36 @@ def _highest_fd() -> int:
     probe = os.dup(0)
     os.close(probe)
     return probe
+
+
+# -- Redis replies through the loop (common/work/loop_redis.py) ------------------------------
+
+_BUSY_LUA = "local i = 0 while i < tonumber(ARGV[1]) do i = i + 1 end return i"
+
+
+def _order_around_a_slow_script(loop: FetchLoop, client: redis.Redis, yields: bool) -> list[str]:
+    order: list[str] = []
+
+    def slow_script() -> None:
+        with multi.yielding() if yields else contextlib.nullcontext():
+            client.eval(_BUSY_LUA, 0, 20_000_000)  # Redis busy for a while
+        order.append("script")
+
+    def other() -> None:
+        multi.sleep(0.01)
+        order.append("other")
+
+    loop.spawn(slow_script)
+    loop.spawn(other)
+    _run_all(loop)
+    return order
+
+
+def test_a_task_waiting_for_a_redis_reply_inside_yielding_lets_the_loop_run_others(
+        loop, settings):
+    client = redis.Redis.from_url(settings.redis_url, **loop_client_options())
+    assert _order_around_a_slow_script(loop, client, yields=True) == ["other", "script"]
+    # Outside yielding the reply is read blocking, as everywhere but the two per-page scripts.
+    assert _order_around_a_slow_script(loop, client, yields=False) == ["script", "other"]
+    client.close()
+

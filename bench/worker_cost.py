@@ -30,7 +30,7 @@ import redis  # noqa: E402
 from bench.farm import Farm, NginxFarm  # noqa: E402
 from common.core.config import Settings, load_settings  # noqa: E402
 from common.intake.producer import Producer  # noqa: E402
-from common.work.loop_redis import loop_client_options  # noqa: E402
+from common.work.loop_redis import worker_client  # noqa: E402
 from common.work.processor import Processor  # noqa: E402
 from common.work.worker import Worker  # noqa: E402
 from devtools.services import fleet_services  # noqa: E402
@@ -82,11 +82,6 @@ def run_one_worker(settings: Settings, client: redis.Redis, urls: list[str]
     worker.run()
     wall_s = time.perf_counter() - started - settings.idle_exit_s
     return worker, before, resource.getrusage(resource.RUSAGE_SELF), wall_s
-
-
-def worker_client(settings: Settings) -> redis.Redis:
-    """The worker's own Redis client, as worker.py makes it (replies through the loop)."""
-    return redis.Redis.from_url(settings.redis_url, **loop_client_options())
 
 
 if __name__ == "__main__":

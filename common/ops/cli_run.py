@@ -16,7 +16,7 @@ from common.ops import cli
 from common.sink.files import FileSink
 from common.sink.reader import Sink, SinkReader, retire, run_sink
 from common.store.connection import connect_redis
-from common.work.loop_redis import loop_client_options
+from common.work.loop_redis import worker_client
 from common.work.processor import Processor
 from common.work.worker import Worker
 
@@ -41,7 +41,7 @@ def work_args(settings: Settings, argv: list[str] | None = None,
 def work_main(settings: Settings, argv: list[str] | None = None, prog: str | None = None) -> int:
     """``worker.py`` / ``scrape-fleet work``."""
     settings = work_args(settings, argv, prog)
-    redis_client = connect_redis(settings, **loop_client_options())  # replies via the loop
+    redis_client = worker_client(settings)  # replies read through the fetch loop
     processor = Processor(settings, redis_client)
     worker = Worker(settings, processor)
     worker.install_signal_handlers()

@@ -16,12 +16,13 @@ out only where it would wait:
   parses one page while another task's script runs in Redis. Opt-in, because code that keeps
   state across a Redis call (a producer's publish-and-confirm) must not be interleaved.
 
-Outside a loop's task (a producer's robots.txt, the sitemap tools, tests) both block the
-calling thread as ``curl.perform()`` and ``time.sleep`` do, so the code calling them does not
-know which it runs under. Everything else a task does (Redis calls, parsing, publishing) runs to
-its end without a switch, so no lock is ever held across one and thread locks stay correct.
-Why greenlets rather than asyncio: the processor stays the synchronous code it is, with
-redis-py, pika and lxml as they are; only the two waits above know about the loop.
+Outside a loop's task (a producer's robots.txt, the sitemap tools, tests) all three block the
+calling thread as ``curl.perform()``, ``time.sleep`` and a socket read do, so the code calling
+them does not know which it runs under. Everything else a task does (other Redis calls,
+parsing, publishing) runs to its end without a switch, so no lock is ever held across one and
+thread locks stay correct. Why greenlets rather than asyncio: the processor stays the
+synchronous code it is, with redis-py, pika and lxml as they are; only the three waits above
+know about the loop.
 
 The loop is libcurl's event-driven integration (``socket_action``): libcurl says which sockets
 to watch and when its next timeout is (the socket and timer callbacks), the loop waits in one
@@ -60,7 +61,7 @@ _BROKEN = select.POLLERR | select.POLLNVAL
 
 
 class _Task(greenlet.greenlet):
-    """A greenlet run by a :class:`FetchLoop`; ``loop`` is how :func:`perform` finds it."""
+    """A greenlet run by a :class:`FetchLoop`; ``loop`` is how the module's waits find it."""
 
     loop: FetchLoop | None = None
     yields = False  # inside yielding(): socket reads wait through the loop

@@ -24,6 +24,8 @@ from redis._parsers.hiredis import _HiredisParser
 from redis.connection import DefaultParser
 from redis.utils import SENTINEL
 
+from common.core.config import Settings
+from common.store.connection import FleetRedis, connect_redis
 from common.web import multi
 
 
@@ -42,3 +44,8 @@ class LoopParser(_HiredisParser):
 def loop_client_options() -> dict[str, Any]:
     """The ``connect_redis`` keyword arguments of a worker's client."""
     return {"parser_class": LoopParser} if DefaultParser is _HiredisParser else {}
+
+
+def worker_client(settings: Settings) -> FleetRedis:
+    """A worker's Redis client: ``connect_redis``'s, its replies read through the loop."""
+    return connect_redis(settings, **loop_client_options())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import time
@@ -128,23 +129,47 @@ class FleetDir:
         self.path.chmod(0o700)  # credentials and data of this user only
 
     def write_env(self, values: Mapping[str, str]) -> None:
+        """Write ``values`` as ``KEY='value'`` lines in POSIX shell quoting (mode 0600).
+
+        Any value survives, newlines, quotes, ``#``, ``$`` and backslashes included: inside
+        single quotes a shell and :meth:`read_env` take every character literally, and a
+        ``'`` is written as ``'"'"'``. (python-dotenv turns a lone CR into LF; NOTES.)
+        """
+        for key in values:
+            if not _ENV_NAME.fullmatch(key):
+                raise ValueError(f"not a variable name: {key!r}")
         lines = [f"# scrape-fleet local mode in {self.path}: written by `scrape-fleet up`,",
                  "# removed by `scrape-fleet down`. Commands read it when no RABBITMQ_*/REDIS_*",
                  "# connection variable is set; a shell can `set -a; . THIS_FILE; set +a`."]
-        lines += [f"{key}={shlex.quote(value)}" for key, value in values.items()]
+        lines += [f"{key}={_quote(value)}" for key, value in values.items()]
         _write_private(self.env_file, "\n".join(lines) + "\n")
 
     def read_env(self) -> dict[str, str]:
-        """The variables of fleet.env ({} when there is none)."""
+        """The variables of fleet.env ({} when there is none), exactly as written.
+
+        Raises:
+            ValueError: the file is not what :meth:`write_env` writes (edited by hand), naming
+                the file but no value (values hold passwords).
+        """
         try:
-            text = self.env_file.read_text(encoding="utf-8")
+            with self.env_file.open(encoding="utf-8", newline="") as handle:
+                text = handle.read()  # newline="": a CR inside a value stays a CR
         except FileNotFoundError:
             return {}
+        # The whole file at once, as a shell reads it: a quoted value may span lines.
+        lexer = shlex.shlex(text, posix=True)
+        lexer.whitespace_split = True
+        lexer.commenters = "#"
         values = {}
-        for line in text.splitlines():
-            if line.strip() and not line.startswith("#"):
-                key, _, value = line.partition("=")
-                values[key.strip()] = " ".join(shlex.split(value))
+        try:
+            for word in lexer:
+                key, equals, value = word.partition("=")
+                if not equals or not _ENV_NAME.fullmatch(key):
+                    raise ValueError("a word is not KEY=VALUE")
+                values[key] = value
+        except ValueError as exc:
+            raise ValueError(f"{self.env_file} is malformed ({exc}): remove it, or "
+                             "`scrape-fleet down` and `up` again") from None
         return values
 
     def write_state(self, procs: Iterable[Proc], **extra: object) -> None:
@@ -166,12 +191,21 @@ class FleetDir:
             path.unlink(missing_ok=True)
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _quote(value: str) -> str:
+    """``value`` in single quotes for a POSIX shell (always quoted: an empty value too)."""
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` readable by this user only, replacing it atomically."""
     tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # a leftover could have another mode: O_CREAT would keep it
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+        handle.write(text)  # newline="": written byte for byte, CRs inside values kept
     os.replace(tmp, path)
 
 

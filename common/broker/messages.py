@@ -5,16 +5,48 @@
 
 ``url`` is canonical. ``fp`` is the seen-set fingerprint, carried so that an expired message can
 release it without re-canonicalising. Unknown fields are kept (forward compatibility).
+
+Every number in a message is finite: ``NaN``, ``Infinity`` (which Python's json accepts) and
+numbers beyond a float's range (``1e400``, a 400-digit integer) are refused anywhere in the
+body as a :class:`BadMessage`, so no wait (``not_before``, ``parked_at``) can be NaN or
+endless (issue 23).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from common.core.errors import BadMessage
+
+#: Longest integer accepted, in digits: anything longer is beyond a float (1.8e308), so it could
+#: not be compared with a time.
+MAX_INT_DIGITS = 308
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadMessage(f"number {text[:40]!r} is not a finite float")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise BadMessage(f"number of {len(text)} digits is beyond a float's range")
+    return int(text)
+
+
+def _no_constant(text: str) -> Any:
+    raise BadMessage(f"number {text} is not finite")
+
+
+#: Built once: json.loads with hooks would build a decoder per message.
+_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_int=_bounded_int,
+                            parse_constant=_no_constant)
 
 
 @dataclass(frozen=True)
@@ -39,11 +71,12 @@ class WorkMessage:
         """Decode a message body.
 
         Raises:
-            BadMessage: not UTF-8 JSON, not an object, or fields of the wrong type.
+            BadMessage: not UTF-8 JSON, not an object, a number that is not finite
+                anywhere in it, or fields of the wrong type.
         """
-        try:
-            data = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        try:  # what json.loads does with bytes, through the decoder that refuses non-finite
+            data = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError too
             raise BadMessage(f"body is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise BadMessage(f"body is JSON {type(data).__name__}, not an object")

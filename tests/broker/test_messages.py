@@ -28,3 +28,26 @@ def test_poison_bodies_raise_bad_message(body):
 def test_wire_format_is_json_with_url_and_enqueued_at():
     data = json.loads(WorkMessage(url="http://a/").to_json())
     assert data["url"] == "http://a/" and isinstance(data["enqueued_at"], float)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"url": "http://a/", "not_before": NaN}',
+    b'{"url": "http://a/", "not_before": Infinity}',
+    b'{"url": "http://a/", "parked_at": -Infinity}',
+    b'{"url": "http://a/", "enqueued_at": 1e400}',
+    b'{"url": "http://a/", "future": {"deep": [1, 2, -1e999]}}',
+    b'{"url": "http://a/", "slot": ' + b"9" * 400 + b"}",
+])
+def test_non_finite_or_unrepresentable_numbers_anywhere_are_a_bad_message(body):
+    with pytest.raises(BadMessage, match="finite|number"):
+        WorkMessage.from_json(body)
+
+
+def test_large_finite_numbers_are_still_accepted():
+    message = WorkMessage.from_json(b'{"url": "http://a/", "not_before": 1e300, "slot": '
+                                    + b"9" * 19 + b"}")
+    assert message.extra == {"not_before": 1e300, "slot": int("9" * 19)}
+
+
+def test_a_utf8_body_with_a_byte_order_mark_is_still_read():
+    assert WorkMessage.from_json(b'\xef\xbb\xbf{"url": "http://a/"}').url == "http://a/"

@@ -95,21 +95,54 @@ def dead_letter(url: str, body: bytes, headers: dict[str, Any], detail: str,
                    detail=detail, mark_done=mark_done, record=record)
 
 
-def wait_left_ms(message: WorkMessage, max_wait_s: float) -> int:
+def wait_left_ms(message: WorkMessage, max_wait_s: float, *,
+                 ahead_max_s: float | None = None) -> int:
     """How much longer (ms) ``message`` may wait for its turn: MAX_WAIT_S from when it was
-    first parked, or from now if it never was; -1 when MAX_WAIT_S is 0 (no limit)."""
+    first parked, or from now if it never was; -1 when MAX_WAIT_S is 0 (no limit).
+
+    A ``parked_at`` in the future is a retry's backoff (MAX_WAIT_S counts after it);
+    ``ahead_max_s`` bounds how far ahead it may be, so a message claiming to be parked in a
+    far future cannot wait without end."""
     if max_wait_s <= 0:
         return -1
     parked_at = message.extra.get("parked_at")
-    waited_s = time.time() - parked_at if isinstance(parked_at, int | float) else 0.0
+    now = time.time()
+    if isinstance(parked_at, int | float):
+        if ahead_max_s is not None:
+            parked_at = min(parked_at, now + ahead_max_s)
+        waited_s = now - parked_at
+    else:
+        waited_s = 0.0
     return max(0, round((max_wait_s - waited_s) * 1000))
+
+
+def not_before_too_late(message: WorkMessage, remaining_ms: float, max_wait_s: float,
+                        backoff_max_s: float) -> Failure | None:
+    """The ``waited_too_long`` failure when ``message``'s ``not_before`` (``remaining_ms``
+    away) lies beyond its wait limit (:func:`wait_left_ms`, with a future ``parked_at`` at most
+    ``backoff_max_s`` ahead: the longest retry delay), else None. Every wait is bounded: a
+    ``not_before`` of 1e300 is a dead letter, not a 55-minute hop forever. None when
+    MAX_WAIT_S is 0 (no limit). One second of slack covers the rounding of both times."""
+    left_ms = wait_left_ms(message, max_wait_s, ahead_max_s=backoff_max_s)
+    if left_ms < 0 or remaining_ms <= left_ms + 1000:
+        return None
+    return _too_late(message, remaining_ms)
 
 
 def waited_too_long(message: WorkMessage, admission: Any) -> Failure:
     """The dead-letter failure of a URL whose turn (``admission.wait_ms`` away) would come
     after MAX_WAIT_S."""
+    return _too_late(message, admission.wait_ms)
+
+
+def _too_late(message: WorkMessage, wait_ms: float) -> Failure:
     parked_at = message.extra.get("parked_at")
-    since = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(parked_at))
-             if isinstance(parked_at, int | float) else "never parked")
+    try:
+        since = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(parked_at))
+                 if isinstance(parked_at, int | float) else "never parked")
+    except (OverflowError, OSError, ValueError):  # a parked_at no calendar holds
+        since = f"{parked_at:.6g} (not a date)"
+    wait_s = wait_ms / 1000
+    shown = f"{wait_s:.0f}" if wait_s < 1e12 else f"{wait_s:.3g}"  # 1e300 is not 301 digits
     return Failure("waited_too_long", error=f"parked since {since}; its turn would come in "
-                                            f"{admission.wait_ms / 1000:.0f} s")
+                                            f"{shown} s")

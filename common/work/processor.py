@@ -46,7 +46,15 @@ from common.web.robots import RobotsRules, robots_fetcher
 from common.work import metrics
 from common.work.archive import Archive, with_archive
 from common.work.expired import release_expired
-from common.work.outcome import Failure, Outcome, dead_letter, park, wait_left_ms, waited_too_long
+from common.work.outcome import (
+    Failure,
+    Outcome,
+    dead_letter,
+    not_before_too_late,
+    park,
+    wait_left_ms,
+    waited_too_long,
+)
 from common.work.page_record import PageReader
 from common.work.record import bound, failure_record, fetch_record
 from common.work.redirects import HandOffFailed, Redirects, scope_of
@@ -84,8 +92,12 @@ class Processor:
             return self._dead_letter_raw(body, message.url, InvalidURL.reason, str(exc))
 
         not_before = message.extra.get("not_before")
-        if isinstance(not_before, int | float):
+        if isinstance(not_before, int | float):  # finite: messages refuse NaN and Infinity
             remaining_ms = (not_before - time.time()) * 1000
+            if remaining_ms > 0 and (late := not_before_too_late(
+                    message, remaining_ms, self.settings.max_wait_s,
+                    max(self.settings.retry_max_s, self.settings.retry_after_max_s))):
+                return self._dead_letter(message, url, queue, late)  # MAX_WAIT_S bounds it
             if topology.hold_level(remaining_ms) is not None:
                 return park(message, queue, remaining_ms, "waiting")
             if remaining_ms > 0:

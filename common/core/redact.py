@@ -9,6 +9,8 @@ at all (``amqp://<unparsable>``): a missing ``@`` would put the password there. 
 without ``scheme://``.
 :func:`url_secrets` and :func:`scrub` catch the same passwords inside any other text (an
 exception message, a log line).
+:func:`clip` caps a value from outside (a message's URL, an error) where a log line shows it:
+a 5 MB URL in a poison message is 4 KiB of log and a ``…[+N chars]`` marker, not 5 MB.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from urllib.parse import unquote, unquote_plus, urlsplit
 
 MASK = "***"
 UNPARSABLE = "<unparsable>"
+#: Longest value from outside a log line shows whole: twice MAX_URL_LENGTH's default, so a
+#: canonical URL is never cut.
+LOG_VALUE_MAX_CHARS = 4096
 
 _HEAD = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 #: A host (name, IPv4 or [IPv6]) and an optional numeric port: what may be shown as it is.
@@ -102,3 +107,11 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
         if secret in text:
             text = text.replace(secret, MASK)
     return text
+
+
+def clip(text: str, max_chars: int = LOG_VALUE_MAX_CHARS) -> str:
+    """``text`` cut to its first ``max_chars`` characters plus a ``…[+N chars]`` marker saying
+    how many were left out; unchanged when it is not longer."""
+    if len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]}…[+{len(text) - max_chars} chars]"

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from common.broker import topology
 from common.broker.deadletter import DLQ_EXCHANGE, DLQ_ROUTING_KEY
 from common.broker.messages import WorkMessage
+from common.core.redact import LOG_VALUE_MAX_CHARS, clip
 from common.store.marks import DoneMark
 
 OutcomeKind = Literal["result", "delay", "dead_letter", "released", "already_done"]
@@ -39,6 +40,9 @@ class Publish:
 
 @dataclass(frozen=True)
 class Outcome:
+    """``url`` (as received, or canonical) and ``detail`` are for the log line, each cut to
+    LOG_VALUE_MAX_CHARS with a ``…[+N chars]`` marker."""
+
     kind: OutcomeKind
     url: str
     publishes: tuple[Publish, ...] = field(default=())
@@ -49,6 +53,13 @@ class Outcome:
     #: The failure record appended to ``results`` once the publishes are confirmed (dead
     #: letters), so the URL's final outcome reaches the result sinks.
     record: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # ``url`` and ``detail`` are what the worker logs; a message may carry a 5 MB URL.
+        if len(self.url) > LOG_VALUE_MAX_CHARS:
+            object.__setattr__(self, "url", clip(self.url))
+        if len(self.detail) > LOG_VALUE_MAX_CHARS:
+            object.__setattr__(self, "detail", clip(self.detail))
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,10 @@ Field caps, in characters (:data:`FIELD_CAPS`; NOTES.md, "Bounded records", says
 
 * ``title`` 1,024, ``description`` 2,048, ``language`` 64, ``content_type`` 256, ``error``
   1,024: a longer value is cut to its first characters and flagged ``<field>_truncated``.
-* ``canonical`` and ``final_url`` 2,048: a longer one is dropped (null) and flagged
-  ``<field>_truncated``, as a prefix of a URL is another URL (parse already skips a longer
-  canonical and says so).
+* ``canonical``, ``final_url`` and ``redirected_from`` 2,048: a longer one is dropped (null)
+  and flagged ``<field>_truncated``, as a prefix of a URL is another URL (parse already skips
+  a longer canonical and says so). ``redirected_from`` comes from the message: anything but a
+  string is dropped the same way, and lone surrogates in it are kept as backslash escapes.
 * each link 2,048: parse never keeps a longer one (links.MAX_URL_CHARS).
 * ``links``: the first RECORD_MAX_LINKS in document order. ``links_count`` is how many the
   page had (at most parse's 10,000; ``links_truncated`` says it had more), ``links_kept`` how
@@ -60,6 +61,7 @@ FIELD_CAPS: dict[str, tuple[int, bool]] = {
     "error": (ERROR_MAX_CHARS, False),
     "canonical": (URL_MAX_CHARS, True),
     "final_url": (URL_MAX_CHARS, True),
+    "redirected_from": (URL_MAX_CHARS, True),  # copied from the message (processor.py)
 }
 
 _CAPS = tuple((field, cap, drop) for field, (cap, drop) in FIELD_CAPS.items())
@@ -139,13 +141,18 @@ def bound(record: dict[str, Any], max_bytes: int) -> dict[str, Any]:
     """
     for field, cap, drop in _CAPS:
         value = record.get(field)
-        if value and len(value) > cap:
-            record[field] = None if drop else value[:cap]
+        if value and (type(value) is not str or len(value) > cap):
+            record[field] = None if drop or type(value) is not str else value[:cap]
             record[field + "_truncated"] = True
     links = record.get("links")
     if links:
         record["links"] = orjson.Fragment(orjson.dumps(links))
-    size = len(orjson.dumps(record))
+    try:
+        size = len(orjson.dumps(record))
+    except TypeError:  # orjson refuses lone surrogates (a message's redirected_from)
+        for field in FIELD_CAPS.keys() & record.keys():
+            record[field] = _valid_text(record[field])
+        size = len(orjson.dumps(record))
     if size <= max_bytes:
         return record
     if links:

@@ -268,3 +268,23 @@ def test_a_failure_record_of_a_url_with_a_lone_surrogate_is_encodable():
                             worker="w", queue=None, depth=None)
     assert record["url"] == "http://x.test/\\ud800"
     assert orjson.loads(orjson.dumps(record))["last_error"] == "bad \\udfff"
+
+
+def test_a_huge_redirected_from_is_dropped_and_flagged_like_the_other_url_fields():
+    record = {"url": "http://a/", "redirected_from": "http://b/" + "x" * 2_000_000}
+    rec.bound(record, 65536)
+    assert record["redirected_from"] is None and record["redirected_from_truncated"] is True
+    assert len(orjson.dumps(record)) <= 65536
+
+
+def test_a_redirected_from_that_is_not_a_string_is_dropped():
+    record = {"url": "http://a/", "redirected_from": {"nested": ["x" * 100]}}
+    rec.bound(record, 65536)
+    assert record["redirected_from"] is None and record["redirected_from_truncated"] is True
+
+
+def test_a_redirected_from_with_a_lone_surrogate_is_kept_escaped():
+    record = {"url": "http://a/", "redirected_from": "http://b/\ud800"}
+    rec.bound(record, 65536)
+    assert record["redirected_from"] == "http://b/\\ud800"
+    assert "redirected_from_truncated" not in record

@@ -5,11 +5,17 @@ acked, so closing the channel puts every one back where it was. Replay takes the
 messages, resets each URL's retry counter (``failures:{url}``), releases its fingerprint, and
 sends it through the producer path again (canonicalise → dedupe → route → confirmed
 publish); only once that publish is confirmed is the dead letter acked.
+
+A dead letter's body may hold anything (a poison message): what is listed is escaped where
+standard output cannot encode it (a lone surrogate from a ``\\ud800`` in the JSON, any
+non-ASCII character on an ASCII terminal) as backslash escapes, so ``dlq list`` prints every
+letter; replay uses the URL as the body holds it.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,14 +35,17 @@ from common.store.keys import failures_key
 
 @dataclass(frozen=True)
 class DeadLetter:
+    """``url`` is for showing (:func:`_shown`), ``raw_url`` as the body holds it (replay)."""
+
     url: str
     reason: str
     headers: dict[str, Any]
     body: bytes
+    raw_url: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {"url": self.url, "reason": self.reason,
-                **{k: _plain(v) for k, v in self.headers.items() if k != "reason"}}
+                **{k: _shown(_plain(v)) for k, v in self.headers.items() if k != "reason"}}
 
 
 @dataclass
@@ -50,14 +59,31 @@ def _plain(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
+def _shown(value: Any) -> Any:
+    """A str as standard output can print it: what its encoding cannot hold (a lone surrogate
+    anywhere, non-ASCII on an ASCII terminal) as backslash escapes; other values unchanged."""
+    if not isinstance(value, str):
+        return value
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    try:
+        value.encode(encoding)
+    except LookupError:  # an encoding Python does not know: UTF-8 is what is written then
+        encoding = "utf-8"
+    except UnicodeEncodeError:
+        pass
+    else:
+        return value
+    return value.encode(encoding, "backslashreplace").decode(encoding)
+
+
 def _decode(body: bytes, headers: dict[str, Any] | None) -> DeadLetter:
     headers = dict(headers or {})
     try:
         url = WorkMessage.from_json(body).url
     except BadMessage:
         url = "<unparsable>"
-    return DeadLetter(url=url, reason=str(_plain(headers.get("reason", "unknown"))),
-                      headers=headers, body=body)
+    return DeadLetter(url=_shown(url), reason=_shown(str(_plain(headers.get("reason", "unknown")))),
+                      headers=headers, body=body, raw_url=url)
 
 
 def browse(connection: pika.BlockingConnection, limit: int | None = None) -> list[DeadLetter]:
@@ -93,10 +119,10 @@ def replay(settings: Settings, connection: pika.BlockingConnection, client: redi
             letter = _decode(body, props.headers)
             if reason is not None and letter.reason != reason:
                 continue  # stays unacked: back in the queue when the channel closes
-            if letter.url == "<unparsable>":
+            if letter.raw_url == "<unparsable>":
                 summary.skipped_unreplayable += 1
                 continue
-            matched.append((method.delivery_tag, letter.url))
+            matched.append((method.delivery_tag, letter.raw_url))
         summary.matched = len(matched)
         if not matched:
             return summary

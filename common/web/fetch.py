@@ -59,8 +59,12 @@ logger = logging.getLogger(__name__)
 
 # libcurl error codes (curl/curl.h) and what they mean for the fleet.
 _TIMEOUT_CODES = frozenset({pycurl.E_OPERATION_TIMEDOUT})
+#: CURLE_WEIRD_SERVER_REPLY (8; pycurl names it E_FTP_WEIRD_SERVER_REPLY): a response libcurl
+#: refuses to read, e.g. a NUL or a bare CR in a header. The server sends it again on a retry:
+#: permanent ``fetch_invalid``, not a transient connection error.
+_WEIRD_SERVER_REPLY = getattr(pycurl, "E_WEIRD_SERVER_REPLY", 8)
 _INVALID_CODES = frozenset({pycurl.E_UNSUPPORTED_PROTOCOL, pycurl.E_URL_MALFORMAT,
-                            pycurl.E_BAD_CONTENT_ENCODING})
+                            pycurl.E_BAD_CONTENT_ENCODING, _WEIRD_SERVER_REPLY})
 _HEADER_TOO_LARGE_CODES = frozenset({getattr(pycurl, "E_TOO_LARGE", 100)})
 
 

@@ -558,3 +558,23 @@ def test_keep_alive_connections_are_reused_between_fetches(make_fetcher, site):
         assert fetcher.fetch(site.page_url(n)).status == 200
     ports = {record.client[1] for record in site.log}
     assert len(site.log) == 5 and len(ports) == 1, ports
+
+
+# -- malformed responses -------------------------------------------------------------------------
+
+
+def _answer(head: bytes) -> RawHandler:
+    def handler(conn: socket.socket, _server: RawServer) -> None:
+        conn.sendall(head + b"Content-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    return handler
+
+
+@pytest.mark.parametrize("bad_line", [b"X-Bad: a\x00b\r\n", b"X-Bad: a\rb\r\n"],
+                         ids=["nul", "bare-cr"])
+def test_a_header_with_a_nul_or_bare_cr_is_a_permanent_invalid_response(make_fetcher,
+                                                                         bad_line):
+    with RawServer(_answer(b"HTTP/1.1 200 OK\r\n" + bad_line)) as raw:
+        error = _fetch_error(make_fetcher(), raw.url("/weird"))
+    assert error.kind == "invalid" and not error.transient, error
+    assert "curl error 8" in str(error)

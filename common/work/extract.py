@@ -8,12 +8,19 @@ becomes null, with the reason under ``data_errors[field]`` (``items[3].price`` i
 the page is still a result, never dead-lettered for it. No rules configured: the processor
 holds no extractor and a page costs nothing more.
 
+A field's ``regex`` runs within the page's RULES_REGEX_TIMEOUT_S
+(:class:`common.work.rules_file.RegexBudget`, GIL released): past it the field is null with
+``timeout: regex over RULES_REGEX_TIMEOUT_S (1 s)`` in ``data_errors``, the other fields keep
+their values, and :data:`REGEX_TIMEOUTS` counts it (``field``; ``match`` and ``follow`` for the
+rule's ``path``/``url`` and ``allow``/``deny``).
+
 Checker, offline for a saved file (or fetching one URL with the fleet's Fetcher)::
 
     python -m common.work.extract RULES (URL | FILE.html) [--url URL]
 
 prints the matching rule's fields as JSON (and, for a rule with ``follow``, the links crawl
-mode would hand on). RULES is a file, ``@FILE`` or inline JSON.
+mode would hand on). RULES is a file, ``@FILE`` or inline JSON. Regexes prone to catastrophic
+backtracking (:func:`common.work.rules_file.backtracking_risks`) are warned about on stderr.
 """
 
 from __future__ import annotations
@@ -37,9 +44,17 @@ from parsel import Selector
 from common.core.errors import ConfigError, FleetError
 from common.work.follow import LinkMarks
 from common.work.parse import parse_html
-from common.work.rules_file import Field, Rule, load_rules
+from common.work.rules_file import (
+    REGEX_TIMEOUT_S_DEFAULT,
+    REGEX_TIMEOUTS,
+    Field,
+    RegexBudget,
+    RegexTimeout,
+    Rule,
+    load_rules,
+)
 
-__all__ = ["Extractor", "extract", "main"]
+__all__ = ["REGEX_TIMEOUTS", "Extractor", "extract", "main"]
 
 ERROR_MAX_CHARS = 200  # each data_errors reason
 _NUMBER_NOISE = re.compile(r"[\s,_\u00a0\u202f]")
@@ -56,39 +71,55 @@ _FALSE = {"false", "no", "n", "0", "off", ""}
 class Extractor:
     """The validated rules of one worker; :meth:`hook` is all the hot path calls."""
 
-    def __init__(self, rules: tuple[Rule, ...]) -> None:
+    def __init__(self, rules: tuple[Rule, ...],
+                 regex_timeout_s: float = REGEX_TIMEOUT_S_DEFAULT) -> None:
         self.rules = rules
+        self.regex_timeout_s = regex_timeout_s
 
     @classmethod
-    def from_setting(cls, value: str | None) -> Extractor | None:
-        """The extractor for an EXTRACT_RULES value, or None when it is unset or empty."""
-        return cls(load_rules(value)) if value and value.strip() else None
+    def from_setting(cls, value: str | None,
+                     regex_timeout_s: float = REGEX_TIMEOUT_S_DEFAULT) -> Extractor | None:
+        """The extractor for an EXTRACT_RULES value (RULES_REGEX_TIMEOUT_S: ``regex_timeout_s``),
+        or None when it is unset or empty."""
+        return cls(load_rules(value), regex_timeout_s) if value and value.strip() else None
 
-    def match(self, url: str) -> Rule | None:
-        """The first rule matching ``url``, or None."""
+    def budget(self) -> RegexBudget:
+        """A new page's regex budget; share one between :meth:`match`, :meth:`on_tree` and
+        :class:`common.work.follow.LinkMarks` so that the page's regexes have one limit."""
+        return RegexBudget(self.regex_timeout_s)
+
+    def match(self, url: str, budget: RegexBudget | None = None) -> Rule | None:
+        """The first rule matching ``url``, or None (a ``path``/``url`` regex over the budget
+        does not match)."""
         try:
             parts = urlsplit(url)
             host = (parts.hostname or "").rstrip(".")
         except ValueError:
             return None
+        budget = budget if budget is not None else self.budget()
         for rule in self.rules:
-            if rule.matches(url, host, parts.path):
+            if rule.matches(url, host, parts.path, budget):
                 return rule
         return None
 
     def hook(self, record: dict[str, Any], url: str
              ) -> Callable[[etree._Element, str], None] | None:
         """parse_html's ``on_tree`` for a page at ``url``: None when no rule matches."""
-        rule = self.match(url)
-        return None if rule is None else self.on_tree(record, rule)
+        budget = self.budget()
+        rule = self.match(url, budget)
+        return None if rule is None else self.on_tree(record, rule, budget)
 
-    @staticmethod
-    def on_tree(record: dict[str, Any], rule: Rule) -> Callable[[etree._Element, str], None]:
-        """parse_html's ``on_tree`` applying ``rule``: fills ``data`` (and ``data_errors``)."""
+    def on_tree(self, record: dict[str, Any], rule: Rule, budget: RegexBudget | None = None
+                ) -> Callable[[etree._Element, str], None]:
+        """parse_html's ``on_tree`` applying ``rule``: fills ``data`` (and ``data_errors``).
+        Without ``budget`` the page's field regexes get a budget of their own."""
+        timeout_s = self.regex_timeout_s
+
         def on_tree(root: etree._Element, base_url: str) -> None:
             if not rule.fields and rule.items is None:
                 return  # a follow-only rule
-            data, errors = extract(rule, root, base_url)
+            data, errors = extract(rule, root, base_url,
+                                   budget if budget is not None else RegexBudget(timeout_s))
             record["data"] = data
             if errors:
                 record["data_errors"] = errors
@@ -96,23 +127,25 @@ class Extractor:
         return on_tree
 
 
-def extract(rule: Rule, root: etree._Element, base_url: str
-            ) -> tuple[dict[str, Any], dict[str, str]]:
-    """``(data, errors)`` of one rule on one parsed page."""
+def extract(rule: Rule, root: etree._Element, base_url: str,
+            budget: RegexBudget | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(data, errors)`` of one rule on one parsed page; its field regexes share ``budget``
+    (default: RULES_REGEX_TIMEOUT_S' default, from now)."""
     page = Selector(root=root, type="html")
     errors: dict[str, str] = {}
-    data = {f.name: _value(page, f, base_url, errors, f.name) for f in rule.fields}
+    budget = budget if budget is not None else RegexBudget()
+    data = {f.name: _value(page, f, base_url, errors, f.name, budget) for f in rule.fields}
     if rule.items is not None:
         items = rule.items
         data[items.name] = [
-            {f.name: _value(node, f, base_url, errors, f"{items.name}[{i}].{f.name}")
+            {f.name: _value(node, f, base_url, errors, f"{items.name}[{i}].{f.name}", budget)
              for f in items.fields}
             for i, node in enumerate(page.xpath(items.xpath))]
     return data, errors
 
 
 def _value(node: Selector, field: Field, base_url: str, errors: dict[str, str],
-           key: str) -> Any:
+           key: str, budget: RegexBudget) -> Any:
     try:
         found = node.xpath(field.xpath)
     except ValueError as exc:  # parsel's XPathEvalError, e.g. an unknown function
@@ -121,7 +154,12 @@ def _value(node: Selector, field: Field, base_url: str, errors: dict[str, str],
     raws = [text for text in map(_read_fn(field), found if field.many else found[:1])
             if text]
     if field.regex is not None:
-        matches = (field.regex.search(text) for text in raws)
+        try:
+            matches = [budget.search(field.regex, text) for text in raws]
+        except RegexTimeout as exc:  # the page's budget is spent: null, the page still a result
+            REGEX_TIMEOUTS.add("field")
+            errors[key] = str(exc)[:ERROR_MAX_CHARS]
+            return None
         raws = [m.group(field.group) for m in matches if m is not None and m.group(field.group)]
     if not raws:
         if field.default is not None:
@@ -226,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     value = args.rules if args.rules.startswith("@") or args.rules.lstrip()[:1] in ("[", "{") \
         else "@" + args.rules
     try:
-        extractor = Extractor(load_rules(value))
+        extractor = Extractor(load_rules(
+            value, warn=lambda message: print(f"warning: {message}", file=sys.stderr)))
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
@@ -245,12 +284,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         url = args.url or Path(args.target).resolve().as_uri()
     record: dict[str, Any] = {}
-    rule = extractor.match(url)
-    hook = extractor.hook(record, url)
-    if rule is None or hook is None:
+    budget = extractor.budget()
+    rule = extractor.match(url, budget)
+    if rule is None:
         print(f"error: no rule matches {url}", file=sys.stderr)
         return 1
-    marks = LinkMarks(rule.follow, honour_nofollow=True) if rule.follow else None
+    hook = extractor.on_tree(record, rule, budget)
+    marks = (LinkMarks(rule.follow, honour_nofollow=True, budget=budget, record=record)
+             if rule.follow else None)
 
     def on_tree(root: etree._Element, base_url: str) -> None:
         hook(root, base_url)
@@ -258,10 +299,11 @@ def main(argv: list[str] | None = None) -> int:
             marks.on_tree(root, base_url)
 
     page = parse_html(body, url, content_type, on_tree=on_tree)
+    plan = marks.plan(page.links, 0) if marks is not None else None
     out = {"url": url, "rule": rule.name, "data": record.get("data"),
            "data_errors": record.get("data_errors", {})}
-    if marks is not None:  # what crawl mode would hand on (before scope, robots.txt, dedupe)
-        out["follow"] = list(marks.plan(page.links, 0).links)
+    if plan is not None:  # what crawl mode would hand on (before scope, robots.txt, dedupe)
+        out["follow"] = list(plan.links)
     print(json.dumps(out, indent=2, ensure_ascii=False))
     return 0
 

@@ -12,18 +12,34 @@ applies scope, robots.txt and the per-domain budget.
 
 The tree is read in :meth:`LinkMarks.on_tree`, during the page's one parse (after invisible
 elements are stripped, so a ``rel="nofollow"`` link inside ``<noscript>`` is not seen as one).
+
+``allow``/``deny`` run within the page's RULES_REGEX_TIMEOUT_S
+(:class:`common.work.rules_file.RegexBudget`): once it is spent the links already judged are
+kept and the rest are not followed; the plan says so (``cut``), the record too
+(``data_errors["follow"]``, when :class:`LinkMarks` is given it), and
+:data:`common.work.rules_file.REGEX_TIMEOUTS` counts it (``follow``).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from lxml import etree
 
 from common.work import links
-from common.work.rules_file import Follow
+from common.work.rules_file import (
+    REGEX_TIMEOUT_S_DEFAULT,
+    REGEX_TIMEOUTS,
+    Follow,
+    RegexBudget,
+    RegexTimeout,
+)
+
+logger = logging.getLogger(__name__)
 
 _REL_LINKS = etree.XPath("//a[@rel and @href]", smart_strings=False)
 _META_ROBOTS = etree.XPath(
@@ -41,6 +57,8 @@ class FollowPlan:
     priority: bool = False
     domains: tuple[str, ...] | None = None  # None: crawl mode's own scope
     nofollow_skipped: int = 0  # links dropped for rel=nofollow (or all: a nofollow page)
+    cut: str | None = None  # why allow/deny stopped early (a regex timeout), if they did
+    cut_links: int = 0  # candidates not judged, hence not followed, because of it
 
 
 @functools.lru_cache(maxsize=256)
@@ -61,15 +79,25 @@ class LinkMarks:
     """What one page's tree says about its links; ``on_tree`` reads it, ``plan`` decides."""
 
     def __init__(self, follow: Follow | None, *, honour_nofollow: bool,
-                 robots_header: str | None = None) -> None:
+                 robots_header: str | None = None, budget: RegexBudget | None = None,
+                 record: dict[str, Any] | None = None,
+                 regex_timeout_s: float = REGEX_TIMEOUT_S_DEFAULT) -> None:
+        """``budget``: the page's regex budget (default: a new one of ``regex_timeout_s`` when
+        :meth:`plan` starts); ``record``: the page's result record, told when allow/deny are
+        cut (``data_errors["follow"]``)."""
         self.follow = follow
+        self.budget = budget
+        self.record = record
+        self.regex_timeout_s = regex_timeout_s
         self.honour = (follow.nofollow if follow is not None and follow.nofollow is not None
                        else honour_nofollow)
         self.page_nofollow = self.honour and robots_nofollow(robots_header)
         self.nofollow_links: set[str] = set()
         self.area_links: tuple[str, ...] | None = None
+        self.base_url = ""  # the page's, once on_tree has run (for log lines)
 
     def on_tree(self, root: etree._Element, base_url: str) -> None:
+        self.base_url = base_url
         base = links.make_base(base_url)
         if self.honour:
             if any(robots_nofollow(content) for content in _META_ROBOTS(root)):
@@ -96,8 +124,24 @@ class LinkMarks:
             return FollowPlan((), max_depth, priority, domains, len(candidates))
         kept = [url for url in candidates if url not in self.nofollow_links]
         skipped = len(candidates) - len(kept)
+        cut, cut_links = None, 0
         if follow is not None and (follow.allow or follow.deny):
-            kept = [url for url in kept
-                    if (not follow.allow or any(p.search(url) for p in follow.allow))
-                    and not any(p.search(url) for p in follow.deny)]
-        return FollowPlan(tuple(kept), max_depth, priority, domains, skipped)
+            budget = self.budget if self.budget is not None else RegexBudget(
+                self.regex_timeout_s)
+            chosen: list[str] = []
+            judged = 0
+            try:
+                for url in kept:
+                    if ((not follow.allow or any(budget.search(p, url) for p in follow.allow))
+                            and not any(budget.search(p, url) for p in follow.deny)):
+                        chosen.append(url)
+                    judged += 1
+            except RegexTimeout as exc:
+                cut_links = len(kept) - judged
+                cut = f"{exc}: {cut_links} of {len(kept)} links not followed"
+                REGEX_TIMEOUTS.add("follow")
+                logger.warning("follow rules of %.200s cut: %s", self.base_url, cut)
+                if self.record is not None:
+                    self.record.setdefault("data_errors", {})["follow"] = cut
+            kept = chosen
+        return FollowPlan(tuple(kept), max_depth, priority, domains, skipped, cut, cut_links)

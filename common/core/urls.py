@@ -1,14 +1,22 @@
 """URL canonicalisation, validation and fingerprints.
 
 Canonical form comes from w3lib's ``canonicalize_url`` (sorted query, normalised percent
-escapes, fragment dropped), plus a lower-cased host and no default port. The fingerprint is
+escapes, fragment dropped), plus a lower-cased host and no default port. The host is
+canonicalised as a browser's URL parser does (WHATWG URL standard, "host parsing"), so that one
+host is one domain for dedupe, robots.txt, the rate limit and the throttle: a trailing dot is
+dropped (``example.com.`` is ``example.com``), a host that ends in a number is an IPv4 address
+in any of its forms (``127.1``, ``2130706433``, octal ``0177.0.0.1``, hex ``0x7f.1``) written
+as a dotted quad, or an invalid URL when it is none (``1.2.3.4.5``, ``256.0.0.1``); an IPv6
+address is written compressed (``[0:0::1]`` is ``[::1]``). The fingerprint is
 the first 16 bytes of BLAKE2b over the canonical URL: the producer's dedupe set and the worker's
 release of expired URLs both derive it from here, so they always agree.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -78,6 +86,7 @@ def canonicalize(raw: str, *, max_length: int = 2048) -> str:
         host = host.encode("idna").decode("ascii") if not host.isascii() else host
     except UnicodeError:
         raise InvalidURL(f"host {host!r} is not a valid international domain name") from None
+    host = canonical_host(host)
     netloc = f"[{host}]" if ":" in host else host
     if port is not None and port != _DEFAULT_PORTS[scheme]:
         netloc = f"{netloc}:{port}"
@@ -94,8 +103,75 @@ def fingerprint(canonical_url: str) -> Fingerprint:
 
 
 def domain_of(url: str) -> str:
-    """The host a URL is fetched from (lower-case, no port): the unit of politeness."""
-    return (urlsplit(url).hostname or "").lower()
+    """The host a URL is fetched from (lower-case, no port, canonical as in
+    :func:`canonical_host`): the unit of politeness. A host that is not valid is returned
+    lower-cased without its trailing dot (such a URL is never fetched)."""
+    host = (urlsplit(url).hostname or "").lower()
+    try:
+        return canonical_host(host)
+    except InvalidURL:
+        return host[:-1] if host.endswith(".") else host
+
+
+@functools.lru_cache(maxsize=4096)  # per page, domain_of: hosts repeat; a hit is ~0.1 us
+def canonical_host(host: str) -> str:
+    """``host`` (lower-case ASCII, as urlsplit's ``hostname``) in its one canonical form: no
+    trailing dot, an IPv4 address as a dotted quad, an IPv6 address compressed.
+
+    Raises:
+        InvalidURL: a host that ends in a number but is not an IPv4 address.
+    """
+    if ":" in host:  # urlsplit checked the brackets' content is an IPv6 address
+        try:
+            return ipaddress.IPv6Address(host).compressed
+        except ValueError:
+            return host  # with a zone id (fe80::1%eth0): left as written
+    if host.endswith("."):
+        host = host[:-1]
+    last = host.rpartition(".")[2]
+    if last[:1].isdigit():  # the cheap test first: a name's last label starts with a letter
+        ipv4 = _ipv4_of(host)
+        if ipv4 is not None:
+            return ipv4
+    return host
+
+
+def _ipv4_number(part: str) -> int | None:
+    """The WHATWG IPv4 number parser: ``0x``-hex, ``0``-octal or decimal, else None."""
+    base = 10
+    if part[:2] in ("0x", "0X"):
+        part, base = part[2:], 16
+        if not part:
+            return 0
+    elif len(part) > 1 and part[0] == "0":
+        part, base = part[1:], 8
+    digits = "0123456789abcdef"[:base]
+    if not part or any(ch not in digits for ch in part.lower()):
+        return None
+    return int(part, base)
+
+
+def _ipv4_of(host: str) -> str | None:
+    """The dotted quad of a host that ends in a number (WHATWG "ends in a number" and IPv4
+    parser); None when the last label is not a number after all (``1.2.example``).
+
+    Raises:
+        InvalidURL: it ends in a number but is no IPv4 address (WHATWG: a failure).
+    """
+    parts = host.split(".")
+    last = _ipv4_number(parts[-1])
+    if last is None and not parts[-1].isdigit():
+        return None  # e.g. "1a": not a number, so a name (WHATWG: not "ends in a number")
+    numbers = [_ipv4_number(part) for part in parts]
+    if len(parts) > 4 or any(n is None for n in numbers):
+        raise InvalidURL(f"host {host!r} ends in a number but is not an IPv4 address")
+    values = [n for n in numbers if n is not None]
+    if any(n > 255 for n in values[:-1]) or values[-1] >= 256 ** (5 - len(values)):
+        raise InvalidURL(f"host {host!r} is an IPv4 address out of range")
+    address = values[-1]
+    for index, number in enumerate(values[:-1]):
+        address += number * 256 ** (3 - index)
+    return str(ipaddress.IPv4Address(address))
 
 
 def without_credentials(url: str) -> str:

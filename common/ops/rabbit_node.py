@@ -26,7 +26,14 @@ from urllib.parse import quote
 import pika
 import pika.exceptions
 
-from common.ops.servers import LOOPBACK, ServicesUnavailable, find_binaries, tail, terminate_group
+from common.ops.servers import (
+    LOOPBACK,
+    ServicesUnavailable,
+    find_binaries,
+    tail,
+    terminate_group,
+    write_private,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -105,16 +112,15 @@ class RabbitNode:
         """rabbitmq.conf (listeners on loopback, the user) and enabled_plugins (management)."""
         assert self.dir is not None
         self.dir.mkdir(parents=True, exist_ok=True)
-        config = self.dir / "rabbitmq.conf"
-        config.write_text(
-            f"listeners.tcp.default = {self.host}:{self.port}\n"
-            f"management.tcp.ip = {self.host}\n"
-            f"management.tcp.port = {self.management_port}\n"
-            f"default_user = {self.username}\n"
-            f"default_pass = {self.password}\n"
-            "default_user_tags.administrator = true\n"
-        )
-        config.chmod(0o600)
+        # The password is in this file only (0600 from its first byte), never on the
+        # server's or rabbitmqctl's command line or in their environment.
+        write_private(self.dir / "rabbitmq.conf",
+                      f"listeners.tcp.default = {self.host}:{self.port}\n"
+                      f"management.tcp.ip = {self.host}\n"
+                      f"management.tcp.port = {self.management_port}\n"
+                      f"default_user = {self.username}\n"
+                      f"default_pass = {self.password}\n"
+                      "default_user_tags.administrator = true\n")
         (self.dir / "enabled_plugins").write_text("[rabbitmq_management].\n")
 
     def ctl(self, *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:

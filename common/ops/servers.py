@@ -153,14 +153,42 @@ def redis_command(binary: str, *, port: int, directory: Path, appendonly: bool,
                   host: str = LOOPBACK) -> list[str]:
     """``redis-server`` in the foreground on ``host:port``, its files in ``directory``: no RDB
     save points (a clean shutdown may still SAVE), an AOF when ``appendonly``, then
-    ``extra_args`` (``--option value`` pairs)."""
-    cmd = [binary, "--port", str(port), "--bind", host, "--dir", str(directory),
-           "--save", "", "--appendonly", "yes" if appendonly else "no",
-           "--daemonize", "no", "--logfile", str(directory / "redis.log")]
-    cmd += extra_args
+    ``extra_args`` (``--option value`` pairs).
+
+    A ``password`` is never on the command line (``/proc/PID/cmdline`` is readable by every
+    local user until Redis rewrites it): it goes into ``directory/auth.conf``, written mode
+    0600 here, whose path is the server's first argument (its config file).
+    """
+    cmd = [binary]
     if password:
-        cmd += ["--requirepass", password]
+        cmd.append(str(write_private(directory / AUTH_CONF,
+                                     f"requirepass {redis_config_string(password)}\n")))
+    cmd += ["--port", str(port), "--bind", host, "--dir", str(directory),
+            "--save", "", "--appendonly", "yes" if appendonly else "no",
+            "--daemonize", "no", "--logfile", str(directory / "redis.log")]
+    cmd += extra_args
     return cmd
+
+
+#: Redis's password file in its directory (:func:`redis_command`).
+AUTH_CONF = "auth.conf"
+
+
+def redis_config_string(value: str) -> str:
+    """``value`` as one double-quoted argument of a Redis config file: every byte but letters
+    and digits as ``\\xHH``, so no character of a password can end or split it."""
+    return '"' + "".join(chr(b) if chr(b).isascii() and chr(b).isalnum() else f"\\x{b:02x}"
+                         for b in value.encode()) + '"'
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path``, readable by this user only from its first byte (created
+    0600, never widened; a leftover file of that name is replaced)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return path
 
 
 def start_redis(cmd: list[str], client: redis.Redis, timeout_s: float) -> subprocess.Popen[bytes]:
@@ -172,9 +200,7 @@ def start_redis(cmd: list[str], client: redis.Redis, timeout_s: float) -> subpro
             stopped again.
     """
     log_path = Path(cmd[cmd.index("--dir") + 1]) / "redis.log"
-    shown = ["***" if before == "--requirepass" else arg
-             for before, arg in zip(["", *cmd[:-1]], cmd, strict=True)]
-    logger.debug("starting redis: %s", " ".join(shown))
+    logger.debug("starting redis: %s", " ".join(cmd))  # no secret: see redis_command
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s

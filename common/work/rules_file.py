@@ -247,7 +247,8 @@ def rule_warnings(rules: Iterable[Rule]) -> list[str]:
     catastrophic backtracking, naming the rule and the field."""
     found = []
     for rule in rules:
-        where = f"EXTRACT_RULES rule {rule.name!r}"
+        unnamed = re.fullmatch(r"rule \d+", rule.name) is not None  # _rule's default name
+        where = f"EXTRACT_RULES {rule.name}" if unnamed else f"EXTRACT_RULES rule {rule.name!r}"
         patterns: list[tuple[str, regex.Pattern[str] | None]] = [
             ("path", rule.path), ("url", rule.url)]
         fields = rule.fields + (rule.items.fields if rule.items is not None else ())

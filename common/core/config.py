@@ -72,9 +72,13 @@ class Settings:
     results_maxlen: int = 100_000
     max_record_bytes: int = 65536
     record_max_links: int = 1000
+    max_page_tags: int = 100000
+    poison_deliveries: int = 3
+    stuck_page_s: float = 30.0
     extract_rules: str = ""
     extractor: str = ""
     extractor_timeout_s: float = 2.0
+    rules_regex_timeout_s: float = 1.0
     archive: str = "none"
     archive_dir: str = "archive"
     archive_max_bytes: int = 1 << 30
@@ -224,7 +228,32 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             values[knob.attr] = knob.parse(raw)
         except ValueError as exc:
             raise knob.invalid(raw, exc) from None
+        refuse_placeholder(knob, values[knob.attr])
     return Settings(**values)
+
+
+#: How every password in .env.example starts: one still there was never set.
+PLACEHOLDER_PREFIX = "change-me"
+
+
+def refuse_placeholder(knob: Knob, value: Any) -> None:
+    """Refuse a password (a ``secret`` knob's value, or one inside a ``url`` knob's URLs) that
+    is still a ``change-me...`` placeholder of .env.example: compose would otherwise start a
+    broker and Redis that anyone who read the repository can log into.
+
+    Raises:
+        ConfigError: naming the variable and what to set, never the value.
+    """
+    if not isinstance(value, str) or not (knob.secret or knob.url):
+        return
+    passwords = {value} if knob.secret else url_list_secrets(value)
+    if any(p.strip().lower().startswith(PLACEHOLDER_PREFIX) for p in passwords):
+        raise ConfigError(
+            f"{knob.env} holds a placeholder password ('{PLACEHOLDER_PREFIX}...' from "
+            ".env.example): set a real one in .env (or the environment), e.g. the output of "
+            "`python3 -c 'import secrets; print(secrets.token_urlsafe(24))'` (compose's "
+            "RabbitMQ keeps the password it first started with: `docker compose down -v`, "
+            "or `rabbitmqctl change_password`)")
 
 
 if __name__ == "__main__":

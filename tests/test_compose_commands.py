@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
+from common.core.config import load_settings
+from common.core.errors import ConfigError
 from tests.helpers import REPO_ROOT, compose_config, env_example
 
 README = REPO_ROOT / "README.md"
@@ -332,3 +334,24 @@ def test_docker_stack_deploy_reads_the_compose_file(tmp_path):
                             capture_output=True, text=True, timeout=60,
                             stdin=subprocess.DEVNULL)
     assert result.returncode != 0, "the override (profiles, conditions) is compose-only"
+
+
+def test_only_the_scrapers_metrics_listen_beyond_loopback_and_only_on_the_compose_network(
+        config):
+    # METRICS_HOST defaults to 127.0.0.1; Prometheus (monitoring profile) scrapes scraper:9100.
+    for name, service in config["services"].items():
+        env = service.get("environment") or {}
+        if name == "scraper":
+            assert env["METRICS_HOST"] == "0.0.0.0" and env["METRICS_PORT"] == "9100"
+            assert "ports" not in service  # reached over the compose network, never published
+        else:
+            assert "METRICS_HOST" not in env and "METRICS_PORT" not in env
+
+
+def test_the_passwords_env_example_ships_are_placeholders_the_fleet_refuses():
+    shipped = env_example()
+    for variable in ("RABBITMQ_PASSWORD", "REDIS_PASSWORD"):
+        with pytest.raises(ConfigError, match=f"{variable} holds a placeholder password"):
+            load_settings({variable: shipped[variable]})
+    real = {k: "r3al-" + k.lower() for k in shipped if k.endswith("_PASSWORD")}
+    assert load_settings({**shipped, **real}).redis_password == real["REDIS_PASSWORD"]

@@ -180,6 +180,8 @@ def test_scrapers_probe_the_health_endpoint_on_the_metrics_port(rendered):
         annotations = _one(docs, "Deployment", "scraper")["spec"]["template"]["metadata"][
             "annotations"]
         assert annotations["prometheus.io/port"] == str(metrics_port)
+        # The probes and Prometheus reach the pod's address; the default is loopback only.
+        assert _env(worker)["METRICS_HOST"]["value"] == "0.0.0.0"
 
 
 def test_a_scraper_gets_longer_to_stop_than_the_worker_drains(rendered):
@@ -449,3 +451,101 @@ def _eventually(predicate: Any, timeout_s: float = 10.0) -> bool:
     from tests.helpers import wait_for
 
     return wait_for(predicate, timeout_s=timeout_s, step_s=0.1)
+
+
+# -- network policies -------------------------------------------------------------------------
+
+PRIVATE_V4 = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16")
+PRIVATE_V6 = ("fc00::/7", "fe80::/10")
+
+
+def _policy(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    policy = _one(docs, "NetworkPolicy", name)
+    assert policy["metadata"]["namespace"] == "scrape-fleet"
+    return policy["spec"]
+
+
+def _ports(rule: dict[str, Any]) -> set[tuple[int, str]]:
+    return {(p["port"], p.get("protocol", "TCP")) for p in rule.get("ports", [])}
+
+
+def _pods_of(peer: dict[str, Any]) -> dict[str, str]:
+    return peer.get("podSelector", {}).get("matchLabels", {})
+
+
+def _namespace_of(peer: dict[str, Any]) -> str | None:
+    return peer.get("namespaceSelector", {}).get("matchLabels", {}).get(
+        "kubernetes.io/metadata.name")
+
+
+def _who_reaches(spec: dict[str, Any], port: int) -> list[dict[str, Any]]:
+    """The peers an Ingress policy lets reach ``port`` (a rule with no ports: any port)."""
+    return [peer for rule in spec.get("ingress", [])
+            if not rule.get("ports") or (port, "TCP") in _ports(rule)
+            for peer in rule.get("from", [{}])]
+
+
+def test_every_overlay_has_the_four_network_policies(rendered):
+    for docs in rendered.values():
+        names = {d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"}
+        assert names == {"redis", "rabbitmq", "scraper-metrics", "scraper-egress"}
+
+
+def test_rabbitmq_takes_amqp_from_the_fleets_pods_and_its_ui_port_from_keda_alone(rendered):
+    for docs in rendered.values():
+        spec = _policy(docs, "rabbitmq")
+        assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "rabbitmq"}
+        assert spec["policyTypes"] == ["Ingress"]
+        fleet = {"app.kubernetes.io/part-of": "scrape-fleet"}
+        assert [_pods_of(p) for p in _who_reaches(spec, 5672)] == [fleet]
+        assert all("namespaceSelector" not in p and "ipBlock" not in p
+                   for p in _who_reaches(spec, 5672))
+        # The management API: no pod of any namespace but KEDA's operator (autoscaling.yaml).
+        (keda,) = _who_reaches(spec, 15672)
+        assert _namespace_of(keda) == "keda" and "podSelector" not in keda
+        for port in (4369, 25672):  # clustering: the nodes among themselves only
+            assert [_pods_of(p) for p in _who_reaches(spec, port)] == [
+                {"app.kubernetes.io/name": "rabbitmq"}]
+        opened = {port for rule in spec["ingress"] for port, _ in _ports(rule)}
+        assert opened == {5672, 15672, 4369, 25672}
+        trigger = _one(docs, "ScaledObject", "scraper")["spec"]["triggers"][0]["metadata"]
+        assert trigger["host"].endswith(":15672/")  # why KEDA is let in
+
+
+def test_scraper_metrics_are_reachable_from_the_monitoring_namespace_only(rendered):
+    for docs in rendered.values():
+        spec = _policy(docs, "scraper-metrics")
+        assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "scraper"}
+        assert spec["policyTypes"] == ["Ingress"]
+        (rule,) = spec["ingress"]
+        assert _ports(rule) == {(int(_env(_worker(docs))["METRICS_PORT"]["value"]), "TCP")}
+        (peer,) = rule["from"]
+        assert _namespace_of(peer) == "monitoring" and set(peer) == {"namespaceSelector"}
+
+
+def test_scrapers_reach_dns_the_fleet_and_public_addresses_but_no_private_range(rendered):
+    for docs in rendered.values():
+        spec = _policy(docs, "scraper-egress")
+        assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "scraper"}
+        assert spec["policyTypes"] == ["Egress"]
+        blocks = [peer["ipBlock"] for rule in spec["egress"] for peer in rule["to"]
+                  if "ipBlock" in peer]
+        by_cidr = {block["cidr"]: set(block.get("except", [])) for block in blocks}
+        assert set(by_cidr) == {"0.0.0.0/0", "::/0"}  # the public internet, on any port
+        assert set(PRIVATE_V4) <= by_cidr["0.0.0.0/0"] and set(PRIVATE_V6) <= by_cidr["::/0"]
+        ip_rules = [rule for rule in spec["egress"] if any("ipBlock" in p for p in rule["to"])]
+        assert all(not rule.get("ports") and all("ipBlock" in p for p in rule["to"])
+                   for rule in ip_rules)
+        # Everything else is a pod selector: DNS, RabbitMQ's AMQP, Redis and its sentinels.
+        allowed = {(tuple(sorted(_pods_of(peer).items())), port)
+                   for rule in spec["egress"] for peer in rule["to"] if "ipBlock" not in peer
+                   for port in _ports(rule)}
+        assert allowed == {
+            ((("k8s-app", "kube-dns"),), (53, "UDP")), ((("k8s-app", "kube-dns"),), (53, "TCP")),
+            ((("app.kubernetes.io/name", "rabbitmq"),), (5672, "TCP")),
+            ((("app.kubernetes.io/name", "redis"),), (6379, "TCP")),
+            ((("app.kubernetes.io/name", "redis"),), (26379, "TCP"))}
+        dns = [peer for rule in spec["egress"] for peer in rule["to"]
+               if _pods_of(peer) == {"k8s-app": "kube-dns"}]
+        assert all(peer.get("namespaceSelector") == {} for peer in dns)  # kube-system's pods
+

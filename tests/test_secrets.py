@@ -14,13 +14,16 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import pytest
 import redis
 import requests
 
+from common.core.config import load_settings
 from common.intake.producer import Producer
+from common.work import metrics
 from devtools.services import FleetServices
 from tests.helpers import REPO_ROOT, TEST_ENV, output_of, start_worker_process, wait_for
 
@@ -234,3 +237,47 @@ def test_a_worker_at_debug_level_logs_and_exports_no_password(settings, redis_cl
     assert "consuming" in output and "DEBUG" in output
     assert_no_secret(output, metrics)
     assert_no_secret(*(str(v) for v in redis_client.hgetall("workers:secret-w").values()))
+
+
+# -- the metrics and health endpoint: loopback unless told -------------------------------------
+
+def _listening_addresses(port: int) -> set[str]:
+    """The IPv4 addresses something listens on at ``port`` (/proc/net/tcp, state 0A)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, _, port_hex = local.partition(":")
+        if state == "0A" and int(port_hex, 16) == port:
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+def test_metrics_and_health_listen_on_loopback_unless_metrics_host_says_otherwise():
+    assert load_settings({}).metrics_host == "127.0.0.1"
+    for environ, expected in (({}, "127.0.0.1"), ({"METRICS_HOST": "0.0.0.0"}, "0.0.0.0")):
+        port = closed_port()
+        server = metrics.serve(port, address=load_settings(environ).metrics_host)
+        try:
+            assert server is not None and _listening_addresses(port) == {expected}
+        finally:
+            metrics.stop(server)
+    port = closed_port()
+    server = metrics.serve(port)  # the function's own default
+    try:
+        assert _listening_addresses(port) == {"127.0.0.1"}
+    finally:
+        metrics.stop(server)
+
+
+@pytest.mark.xfail(strict=True, reason="common/work/worker.py still binds 0.0.0.0: its "
+                   "metrics_address must come from settings.metrics_host (issue 23)")
+def test_a_worker_with_metrics_port_set_listens_on_loopback_only(settings):
+    port = closed_port()
+    worker = start_worker_process(settings, "--idle-exit", "30",
+                                  env={"METRICS_PORT": str(port), "WORKER_ID": "metrics-host"})
+    try:
+        assert wait_for(lambda: bool(_listening_addresses(port)), 30), output_of(worker)
+        assert _listening_addresses(port) == {"127.0.0.1"}
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)

@@ -78,6 +78,7 @@ class Settings:
     extract_rules: str = ""
     extractor: str = ""
     extractor_timeout_s: float = 2.0
+    extractor_max_memory_bytes: int = 512 * 1024 * 1024
     rules_regex_timeout_s: float = 1.0
     archive: str = "none"
     archive_dir: str = "archive"
@@ -140,6 +141,7 @@ class Settings:
     crawl_max_pages: int = 10000
     crawl_nofollow: bool = True
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     heartbeat_interval_s: float = 5.0
     rabbitmq_management_url: str | None = None
     log_level: str = "INFO"

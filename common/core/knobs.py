@@ -292,6 +292,9 @@ KNOBS: tuple[Knob, ...] = (
          "The active scheduler's lease; a killed one is replaced within about 1.25 × this."),
     Knob("METRICS_PORT", "metrics_port", values.non_negative_int, "0",
          "Port of the worker's Prometheus /metrics endpoint (0: off; compose sets 9100)."),
+    Knob("METRICS_HOST", "metrics_host", values.text, "127.0.0.1",
+         "Address METRICS_PORT listens on: loopback unless told (its labels name crawled "
+         "domains); compose and Kubernetes set 0.0.0.0 for Prometheus and the probes."),
     Knob("HEARTBEAT_INTERVAL_S", "heartbeat_interval_s", values.positive_float, "5",
          "How often a worker refreshes its workers:{id} key (TTL: 3 intervals)."),
     Knob("RABBITMQ_MANAGEMENT_URL", "rabbitmq_management_url", values.url_list("http", "https"),

@@ -110,9 +110,10 @@ Health = Callable[[], tuple[bool, str]]
 
 
 def serve(port: int, health: Health = lambda: (True, "ok"),
-          address: str = "0.0.0.0") -> WSGIServer | None:  # noqa: S104 - inside the container
-    """Serve /metrics and /healthz on ``port`` in a daemon thread (0: off); returns the server
-    (for :func:`stop`)."""
+          address: str = "127.0.0.1") -> WSGIServer | None:
+    """Serve /metrics and /healthz on ``address:port`` in a daemon thread (0: off); returns
+    the server (for :func:`stop`). ``address`` is METRICS_HOST: loopback unless told, since
+    the metrics' labels name the domains being crawled."""
     if not port:
         return None
     metrics_app = make_wsgi_app(REGISTRY)

@@ -232,7 +232,15 @@ KNOBS: tuple[Knob, ...] = (
          "User extraction function `package.module:function`, called on each HTML page after "
          "the rules; its `data` wins over theirs. Imported at worker start. Empty: none."),
     Knob("EXTRACTOR_TIMEOUT_S", "extractor_timeout_s", values.positive_float, "2",
-         "An EXTRACTOR call taking longer has its output discarded (`extractor_slow`)."),
+         "An EXTRACTOR call (in its child process) taking longer is stopped: the child is "
+         "killed, `data_errors.extractor` starts with `timeout:`."),
+    Knob("EXTRACTOR_MAX_MEMORY_BYTES", "extractor_max_memory_bytes", values.positive_int,
+         "536870912", "Address space of EXTRACTOR's child process (RLIMIT_AS); past it the "
+         "call fails (`crashed:`) and a fresh child takes the next page."),
+    Knob("RULES_REGEX_TIMEOUT_S", "rules_regex_timeout_s", values.positive_float, "1",
+         "Time a page's extraction-rule regexes (`path`/`url`, fields' `regex`, follow "
+         "`allow`/`deny`) may take together; past it the field is null with `timeout` in "
+         "`data_errors`, the rest of the page's links are not followed (`data_errors.follow`)."),
     Knob("ARCHIVE", "archive", values.choice("none", "warc"), "none",
          "warc: every fetched response (any status, not cache hits) is kept as it was "
          "transferred, with its request, in gzip WARC 1.1 files under ARCHIVE_DIR; the result "
@@ -247,6 +255,13 @@ KNOBS: tuple[Knob, ...] = (
          "a killed worker), at the cost of a disk flush per page."),
     Knob("RECORD_MAX_LINKS", "record_max_links", values.non_negative_int, "1000",
          "Links kept in a result record (crawl mode still follows every link it extracted)."),
+    Knob("MAX_PAGE_TAGS", "max_page_tags", values.positive_int, "100000",
+         "Tags (`<`) of a page parsed; the rest is cut and the record says `truncated: tags`."),
+    Knob("POISON_DELIVERIES", "poison_deliveries", values.positive_int, "3",
+         "Deliveries of a URL that ended without an outcome (its worker died) before it is "
+         "dead-lettered as `poison`."),
+    Knob("STUCK_PAGE_S", "stuck_page_s", values.positive_float, "30",
+         "A page still parsing after this long marks its URL `poison` and restarts the worker."),
     Knob("REDIS_MEMORY_HIGH", "redis_memory_high", values.fraction, "0.9",
          "Workers stop taking deliveries while Redis uses more than this fraction of its "
          "maxmemory (no maxmemory: never)."),

@@ -32,6 +32,10 @@
     throttled                ZSET of the domains with a throttle state (score: when it expires,
                              ms), for the status view; trimmed by the throttle script.
     failures:{url}           STRING counter of failed attempts, EX FAILURES_TTL_S.
+    poison:{url}             HASH of a URL whose delivery ended without an outcome (its worker
+                             died): deaths (redelivered arrivals), stage (the last one entered
+                             by a redelivery), detail; EX FAILURES_TTL_S. POISON_DELIVERIES
+                             deaths dead-letter it as ``poison`` (common/work/poison.py).
     robots:{origin}          STRING, JSON {status, body, fetched_at} of the origin's robots.txt,
                              EX ROBOTS_TTL_S (shorter for an unavailable one).
     robots:lock:{origin}     STRING, held (NX PX 30 s) by the one worker fetching robots.txt.
@@ -113,6 +117,10 @@ def throttle_key(domain: str) -> str:
 
 def failures_key(url: str) -> str:
     return f"failures:{url}"
+
+
+def poison_key(url: str) -> str:
+    return f"poison:{url}"
 
 
 def robots_key(origin: str) -> str:

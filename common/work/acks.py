@@ -37,6 +37,8 @@ class Delivery:
     early_acked: bool  # acked on receipt (PRIORITY_AUTO_ACK)
     received_at: float
     expiration_ms: int | None = None  # its per-message TTL, kept when it is given back
+    redelivered: bool = False  # handed out before without an outcome (common/work/poison.py)
+    death: str | None = None  # an expired_urls message's x-death reason (expired, delivery_limit)
 
 
 def expiration_of(properties: Any) -> int | None:
@@ -46,6 +48,17 @@ def expiration_of(properties: Any) -> int | None:
         return int(raw) if raw else None
     except ValueError:
         return None
+
+
+def death_of(properties: Any) -> str | None:
+    """Why a dead-lettered message left its queue: the first x-death entry's ``reason``."""
+    deaths = (getattr(properties, "headers", None) or {}).get("x-death")
+    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        reason = deaths[0].get("reason")
+        if isinstance(reason, bytes):
+            reason = reason.decode("ascii", "replace")
+        return reason if isinstance(reason, str) else None
+    return None
 
 
 class AckLedger:

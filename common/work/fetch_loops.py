@@ -180,9 +180,10 @@ class FetchLoops:
             attempt += 1
             try:
                 if delivery.queue == topology.EXPIRED_QUEUE:
-                    outcome = self.processor.process_expired(delivery.body)
+                    outcome = self.processor.process_expired(delivery.body, delivery.death)
                 else:
-                    outcome = self.processor.process(delivery.body, delivery.queue)
+                    outcome = self.processor.process(delivery.body, delivery.queue,
+                                                     delivery.redelivered)
                 if self._refusals or self._errors.count:
                     self._refusals, self._errors = 0, Streak()
                 return outcome

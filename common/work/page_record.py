@@ -26,6 +26,7 @@ from common.web.fetch import FetchResult
 from common.work.extract import Extractor
 from common.work.follow import FollowPlan, LinkMarks
 from common.work.parse import NotHTML, is_html, parse_html
+from common.work.poison import Progress
 from common.work.record import add_page, fetch_record
 from common.work.user_extractor import Call, UserExtractor
 
@@ -47,19 +48,26 @@ class PageReader:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.extractor = Extractor.from_setting(settings.extract_rules)  # ConfigError if bad
-        self.custom = UserExtractor.from_setting(settings.extractor, settings.extractor_timeout_s)
+        self.custom = UserExtractor.from_setting(settings.extractor, settings.extractor_timeout_s,
+                                                 settings.extractor_max_memory_bytes)
         self.crawl = settings.crawl_enabled
 
     def read(self, url: str, response: FetchResult, *, queue: str | None, depth: int,
-             attempts: int, cached: bool) -> PageRead:
+             attempts: int, cached: bool, progress: Progress | None = None) -> PageRead:
+        """The record of one response; ``progress`` is told of the parse and extract stages
+        (common/work/poison.py)."""
         record = fetch_record(url, response, worker=self.settings.worker_id, queue=queue,
                               depth=depth, attempts=attempts, cached=cached)
         call = self.custom.bind(record, response) if self.custom else None
         read = PageRead(record, call=call)
         if not (response.body and is_html(response.content_type, response.body[:512])):
             return read
+        if progress is not None:
+            progress.enter("parse")
         rule = self.extractor.match(response.final_url) if self.extractor else None
         hooks: list[TreeHook] = []
+        if progress is not None and (rule is not None or call is not None):
+            hooks.append(lambda _root, _base: progress.enter("extract"))
         if rule is not None:
             hooks.append(self.extractor.on_tree(record, rule))
         if call is not None:
@@ -72,11 +80,13 @@ class PageReader:
             hooks.append(marks.on_tree)
         try:
             page = parse_html(response.body, response.final_url, response.content_type,
-                              on_tree=_chain(hooks))
+                              on_tree=_chain(hooks), max_tags=self.settings.max_page_tags)
         except NotHTML as exc:
             record["error"] = f"not_html: {exc}"
             return read
         add_page(record, page, self.settings.record_max_links)
+        if page.truncated is not None:  # the body was cut before parsing (MAX_PAGE_TAGS)
+            record["truncated"] = page.truncated
         if marks is not None:
             read.follow = marks.plan(page.links, self.settings.crawl_max_depth)
         return read

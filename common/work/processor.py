@@ -4,8 +4,11 @@
 :class:`~common.work.outcome.Outcome`: what must be durably published before the delivery may
 be acked.
 
-Per URL, in order: decode → canonicalise → wait out ``not_before`` → robots.txt → rate limit
-and cache (one Lua call) → fetch → classify (common/core/errors.py) → record or retry or DLQ.
+Per URL, in order: decode → canonicalise → poison check (redeliveries only,
+common/work/poison.py) → wait out ``not_before`` → robots.txt → rate limit and cache (one Lua
+call) → fetch → classify (common/core/errors.py) → parse and extract → record or retry or DLQ.
+Each step is entered on the delivery's :class:`~common.work.poison.Progress`, so a worker that
+dies on a page leaves the stage behind, and a page stuck in parse ends the worker.
 Hot path: two Redis round trips (the admit script, the result script); robots rules come
 from the worker's memory once known.
 """
@@ -56,6 +59,7 @@ from common.work.outcome import (
     waited_too_long,
 )
 from common.work.page_record import PageReader
+from common.work.poison import PoisonGuard, Progress, StuckWatch
 from common.work.record import bound, failure_record, fetch_record
 from common.work.redirects import HandOffFailed, Redirects, scope_of
 from common.work.revisit import conditional_headers
@@ -79,9 +83,13 @@ class Processor:
         self.redirects = Redirects(settings, client, self.follower)
         self.pages = PageReader(settings)  # EXTRACT_RULES, EXTRACTOR: ConfigError if bad
         self.archive = Archive.from_settings(settings)  # ARCHIVE=warc
+        self.poison = PoisonGuard(client, settings.poison_deliveries, settings.failures_ttl_s)
+        self.watch = StuckWatch(self.poison, settings.stuck_page_s)  # started by the worker
 
     # -- entry points -------------------------------------------------------------------------
-    def process(self, body: bytes, queue: str) -> Outcome:
+    def process(self, body: bytes, queue: str, redelivered: bool = False) -> Outcome:
+        """The outcome of one work-queue delivery; ``redelivered``: the broker's flag (a
+        delivery of it ended before without an outcome)."""
         try:
             message = WorkMessage.from_json(body)
         except BadMessage as exc:
@@ -90,6 +98,23 @@ class Processor:
             url = canonicalize(message.url, max_length=self.settings.max_url_length)
         except InvalidURL as exc:
             return self._dead_letter_raw(body, message.url, InvalidURL.reason, str(exc))
+        progress, verdict = self.poison.arrive(url, redelivered)
+        if verdict is not None:
+            if self._is_done(url, message):
+                self.poison.clear(progress)
+                return Outcome("already_done", url, detail="redelivered, outcome recorded")
+            return self._dead_letter(message, url, queue, Failure(
+                "poison", error=verdict.error()), gave_up=False)
+        self.watch.add(progress)
+        try:
+            outcome = self._process(message, url, queue, progress)
+        finally:
+            self.watch.discard(progress)
+        self.poison.clear(progress)  # a tracked URL reached an outcome: not poison
+        return outcome
+
+    def _process(self, message: WorkMessage, url: str, queue: str,
+                 progress: Progress) -> Outcome:
 
         not_before = message.extra.get("not_before")
         if isinstance(not_before, int | float):  # finite: messages refuse NaN and Infinity
@@ -107,6 +132,7 @@ class Processor:
 
         rules = None
         if self.settings.robots_enabled:
+            progress.enter("robots")
             found = self.gate.rules(url, message, queue)
             if isinstance(found, Outcome):
                 return found
@@ -121,11 +147,30 @@ class Processor:
                     return Outcome("already_done", url, detail="redelivered, already dead-lettered")
                 self.client.hincrby(COUNTERS, "robots_blocked", 1)
                 return self._dead_letter(message, url, queue, Failure("robots_disallowed"))
-        return self._admit_and_fetch(url, message, queue, rules)
+        return self._admit_and_fetch(url, message, queue, rules, progress)
 
-    def process_expired(self, body: bytes) -> Outcome:
-        """A message that expired in a work queue: release its fingerprint and count it."""
+    def process_expired(self, body: bytes, death: str | None = None) -> Outcome:
+        """A message that left a work queue by its TTL: release its fingerprint and count it.
+        One that a quorum queue dropped past its delivery limit is poison instead: every
+        delivery of it ended without an outcome, and it must not come back."""
+        if death == "delivery_limit":
+            return self._poison_dropped(body)
         return release_expired(body, self.seen)
+
+    def _poison_dropped(self, body: bytes) -> Outcome:
+        try:
+            message = WorkMessage.from_json(body)
+            url = canonicalize(message.url, max_length=self.settings.max_url_length)
+        except (BadMessage, InvalidURL) as exc:
+            return self._dead_letter_raw(body, "<unparsable>", "poison",
+                                         f"past the queue's delivery limit; {exc}")
+        if self._is_done(url, message):
+            return Outcome("already_done", url, detail="past the delivery limit, recorded")
+        progress, verdict = self.poison.arrive(url, redelivered=True)
+        stage = verdict.stage if verdict is not None else "unknown"
+        return self._dead_letter(message, url, topology.NORMAL_QUEUE, Failure(
+            "poison", error=f"past the quorum queue's delivery limit "
+                            f"({topology.DELIVERY_LIMIT}); last stage {stage}"))
 
     def worker_error(self, body: bytes, exc: BaseException) -> Outcome:
         """The outcome for a message whose processing raised an unexpected exception."""
@@ -134,12 +179,13 @@ class Processor:
 
     # -- steps ----------------------------------------------------------------------------------
     def _admit_and_fetch(self, url: str, message: WorkMessage, queue: str,
-                         rules: RobotsRules | None) -> Outcome:
+                         rules: RobotsRules | None, progress: Progress) -> Outcome:
         domain = domain_of(url)
         rate = self.limiter.rate_for(domain, rules.crawl_delay_s() if rules else None)
         use_cache = self.settings.cache_ttl_s > 0
         done = self._done_mark(url, message)
         booked = message.extra.get("slot")
+        progress.enter("admit")
         with multi.yielding():  # the loop's other tasks run while Redis answers
             admission = self.limiter.admit(
                 domain, rate, cache_url=url if use_cache else None, done=done,
@@ -159,7 +205,7 @@ class Processor:
             else:
                 metrics.CACHE_HITS.inc()
                 return self._record(url, message, queue, response, done, cached=True,
-                                    rules=rules)
+                                    rules=rules, progress=progress)
         if not admission.go:
             metrics.count_rate_limited(self.client)
             booked_message = replace(message, extra={**message.extra,
@@ -171,6 +217,7 @@ class Processor:
 
         if use_cache:
             metrics.CACHE_MISSES.inc()
+        progress.enter("fetch")
         try:
             response = self.fetcher.fetch(url, headers=conditional_headers(message),
                                           follow=self.redirects.follow_rule(url, rules))
@@ -191,7 +238,7 @@ class Processor:
         verdict = classify_status(response.status)
         if verdict == OK:
             return self._record(url, message, queue, response, done, cached=False, rules=rules,
-                                retime=retime)
+                                retime=retime, progress=progress)
         failure = Failure(f"http_{response.status}", status=response.status,
                            retry_after=response.headers.get("retry-after"))
         if verdict == PERMANENT:
@@ -228,10 +275,12 @@ class Processor:
 
     def _record(self, url: str, message: WorkMessage, queue: str, response: FetchResult,
                 done: DoneMark, *, cached: bool, rules: RobotsRules | None = None,
-                retime: Retime | None = None) -> Outcome:
+                retime: Retime | None = None, progress: Progress | None = None) -> Outcome:
         """``done`` is the URL's done mark, as computed for the admit call."""
         read = self.pages.read(url, response, queue=queue, depth=message.depth,
-                               attempts=message.attempts + 1, cached=cached)
+                               attempts=message.attempts + 1, cached=cached, progress=progress)
+        if progress is not None:
+            progress.enter("record")
         record, token = read.record, f"{done.key}:{done.member}"
         if "redirected_from" in message.extra:  # reached through a redirect (redirects.py)
             record["redirected_from"] = message.extra["redirected_from"]
@@ -250,6 +299,8 @@ class Processor:
             cache_value = (value, self.settings.cache_ttl_s) if value is not None else None
         counters = {"cache_hits": 1} if cached else (
             {"cache_misses": 1} if self.settings.cache_ttl_s > 0 else {})
+        if read.call:  # EXTRACTOR's extractor_timeouts / extractor_crashes, when one
+            counters.update(read.call.counters)
         with multi.yielding():
             self.results.record(record, cache=cache_value, counters=counters,
                                 clear_failures=message.attempts > 0, done=done,
@@ -310,6 +361,9 @@ class Processor:
 
     def close(self) -> None:
         """Close what the processor opened: the fetch handles, crawl mode's producer."""
+        self.watch.stop()
+        if self.pages.custom is not None:  # EXTRACTOR's child processes
+            self.pages.custom.close()
         self.fetcher.close()
         self.gate.fetcher.close()
         self.redirects.close()

@@ -49,7 +49,7 @@ from common.core.errors import AMQP_CONNECTION_LOST, ServiceUnavailable
 from common.intake.defer import Releaser
 from common.store.marks import DoneMark
 from common.work import metrics
-from common.work.acks import AckLedger, Delivery, expiration_of
+from common.work.acks import AckLedger, Delivery, death_of, expiration_of
 from common.work.fetch_loops import FetchLoops
 from common.work.heartbeat import Heartbeat
 from common.work.outcome import Outcome
@@ -118,7 +118,8 @@ class Worker:
 
     def run(self) -> int:
         """Consume until stopped or idle; returns the process exit code."""
-        for t in (self.loops, self.pressure, self.heartbeat, Releaser(self.settings, self._stop)):
+        for t in (self.loops, self.pressure, self.heartbeat, Releaser(self.settings, self._stop),
+                  self.processor.watch):  # common/work/poison.py: ends the worker on a stuck page
             t.start()  # the Releaser publishes deferred URLs on time (common/intake/defer.py)
         server = metrics.serve(self.settings.metrics_port, self.pressure.health,
                                self.metrics_address)
@@ -222,7 +223,8 @@ class Worker:
             # Auto-ack mode, implemented as ack-on-receipt so prefetch still bounds the buffer.
             channel.basic_ack(method.delivery_tag)
         delivery = Delivery(method.delivery_tag, queue_name, body, generation, early,
-                            time.monotonic(), expiration_of(properties))
+                            time.monotonic(), expiration_of(properties), method.redelivered,
+                            death_of(properties) if rank == 0 else None)
         self.ledger.received(delivery)
         self._outstanding += 1
         self.loops.put(rank, delivery)

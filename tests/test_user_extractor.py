@@ -4,15 +4,29 @@ WorkerThread -> the results stream, with user modules written into tmp_path."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
 
 from common.core.errors import ConfigError
 from common.intake.producer import Producer
+from common.store.keys import COUNTERS
 from common.work.processor import Processor
-from tests.helpers import WorkerThread, results
+from tests.helpers import (
+    WorkerThread,
+    output_of,
+    results,
+    start_worker_process,
+    wait_for,
+    wait_workers_ok,
+)
 
 HTML = {"Content-Type": "text/html; charset=utf-8"}
 PAGE = "<html><body><h1>Widget</h1><p class=price>12.50</p><p>café</p></body></html>"
@@ -21,6 +35,9 @@ USER_MODULE = '''
 import time
 
 def extract(page):
+    if page.url.endswith("/ux/hang"):
+        import re
+        re.search(r"(\\d+)+$", "1" * 40 + "x")  # catastrophic backtracking, holding the GIL
     if page.url.endswith("/ux/boom"):
         raise ValueError("no price here " + "x" * 300)
     if page.url.endswith("/ux/slow"):
@@ -83,7 +100,7 @@ def test_follow_urls_need_crawl_mode(settings, redis_client, site, user_module):
         "extractor_follow": "CRAWL_ENABLED is off: 1 URLs not followed"}
 
 
-def test_a_raising_or_slow_function_is_recorded_and_the_worker_goes_on(
+def test_a_raising_or_slow_function_is_recorded_stopped_and_the_worker_goes_on(
         settings, redis_client, site, user_module):
     for path in ("/ux/boom", "/ux/slow", "/ux/ok"):
         site.route(path, lambda _r: (200, HTML, PAGE.encode()))
@@ -96,9 +113,71 @@ def test_a_raising_or_slow_function_is_recorded_and_the_worker_goes_on(
     assert error.startswith("ValueError: no price here xxx") and len(error) == 200
     assert boom["status"] == 200 and "data" not in boom
     slow = records[urls[1]]
-    assert slow["data_errors"]["extractor"].startswith("extractor_slow: took 0.")
+    assert slow["data_errors"]["extractor"] == (
+        "timeout: over EXTRACTOR_TIMEOUT_S (0.3 s); stopped")
     assert "data" not in slow
     assert records[urls[2]]["data"]["price"] == "12.50"  # the same thread went on
+    assert redis_client.hget(COUNTERS, "extractor_timeouts") == b"1"
+    assert redis_client.hget(COUNTERS, "extractor_crashes") is None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _healthz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):  # not listening, or no answer within 2 s
+        return 0
+
+
+def test_a_worker_whose_extractor_hangs_on_one_url_stays_healthy_and_records_every_page(
+        settings, redis_client, site, user_module, tmp_path):
+    paths = ["/ux/hang"] + [f"/ux/page{i}" for i in range(20)]
+    for path in paths:
+        site.route(path, lambda _r: (200, HTML, PAGE.encode()))
+    urls = [site.url(p) for p in paths]
+    with Producer(settings, redis_client) as producer:
+        producer.submit(urls)
+    port = _free_port()
+    env = {"EXTRACTOR": f"{user_module}:extract", "EXTRACTOR_TIMEOUT_S": "1",
+           "METRICS_PORT": str(port), "METRICS_HOST": "127.0.0.1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    worker = start_worker_process(settings, "--concurrency", "2", "--idle-exit", "3", env=env)
+    answers: list[int] = []
+    stop = threading.Event()
+
+    def probe() -> None:  # /healthz every 100 ms while the worker runs
+        while not stop.is_set() and worker.poll() is None:
+            answers.append(_healthz(port))
+            time.sleep(0.1)
+
+    try:
+        assert wait_for(lambda: _healthz(port) == 200, timeout_s=30), output_of(worker)[-3000:]
+        prober = threading.Thread(target=probe, daemon=True)
+        prober.start()
+        assert wait_for(lambda: redis_client.xlen("results") >= len(urls), timeout_s=60), (
+            f"{redis_client.xlen('results')} of {len(urls)} results; "
+            f"health answers {answers[-20:]}\n{output_of(worker)[-3000:]}")
+        stop.set()
+        prober.join(5)
+    finally:
+        stop.set()
+        if worker.poll() is None and redis_client.xlen("results") < len(urls):
+            worker.kill()
+    wait_workers_ok([worker], 60)
+    assert len(answers) >= 3 and set(answers) == {200}, answers
+    records = {r["url"]: r for r in results(redis_client)}
+    assert set(records) == set(urls)
+    assert records[urls[0]]["data_errors"]["extractor"].startswith("timeout:")
+    assert all(records[u]["data"]["price"] == "12.50" for u in urls[1:])
+    assert redis_client.hget(COUNTERS, "extractor_timeouts") == b"1"
 
 
 @pytest.mark.parametrize(("value", "message"), [

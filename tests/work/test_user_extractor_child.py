@@ -18,8 +18,9 @@ from collections.abc import Iterator
 import pytest
 
 from common.web.fetch import FetchResult
+from common.work import user_extractor
 from common.work.parse import parse_html
-from common.work.user_extractor import EXTRACTOR_FAILURES, UserExtractor
+from common.work.user_extractor import UserExtractor
 
 PAGE = b"<html><body><h1>Widget</h1><p class=price>12.50</p></body></html>"
 
@@ -53,7 +54,8 @@ def user_module(tmp_path, monkeypatch) -> str:
 
 @pytest.fixture
 def extractor(user_module) -> Iterator[UserExtractor]:
-    made = UserExtractor(f"{user_module}:extract", timeout_s=1.0)
+    made = UserExtractor.from_setting(f"{user_module}:extract", 1.0)
+    assert made is not None
     yield made
     made.close()
 
@@ -130,13 +132,13 @@ def test_a_catastrophic_regex_times_out_while_the_workers_other_threads_run(extr
 
 
 def test_a_function_allocating_2_gib_crashes_its_child_not_the_worker(extractor):
-    crashes_before = EXTRACTOR_FAILURES.labels("crash")._value.get()
+    crashes = user_extractor.EXTRACTOR_FAILURES.labels("crash")._value.get()
     record, _, counters = _page(extractor, "/allocate")
     assert record["data_errors"]["extractor"] == (
         "crashed: MemoryError over EXTRACTOR_MAX_MEMORY_BYTES (536870912)")
     assert "allocated" not in record["data"]
     assert counters == {"extractor_crashes": 1}
-    assert EXTRACTOR_FAILURES.labels("crash")._value.get() == crashes_before + 1
+    assert user_extractor.EXTRACTOR_FAILURES.labels("crash")._value.get() == crashes + 1
     after, _, _ = _page(extractor, "/item")
     assert after["data"]["price"] == "12.50"
 
@@ -178,6 +180,19 @@ def test_close_ends_every_child(extractor):
     pid = first["data"]["pid"]
     extractor.close()
     assert _gone(pid)
+
+
+def test_a_module_the_child_cannot_import_is_a_crash_not_a_hang(user_module, tmp_path):
+    made = UserExtractor.from_setting(f"{user_module}:extract", 1.0)
+    assert made is not None
+    (tmp_path / f"{user_module}.py").write_text("raise ImportError('only in the worker')\n")
+    try:
+        record, _, counters = _page(made, "/item")
+    finally:
+        made.close()
+    assert record["data_errors"]["extractor"].startswith(
+        "crashed: the extractor process could not load it: ConfigError: EXTRACTOR=")
+    assert counters == {"extractor_crashes": 1}
 
 
 def _gone(pid: int) -> bool:

@@ -47,7 +47,8 @@ class PageReader:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.extractor = Extractor.from_setting(settings.extract_rules)  # ConfigError if bad
+        self.extractor = Extractor.from_setting(  # ConfigError if bad
+            settings.extract_rules, settings.rules_regex_timeout_s)
         self.custom = UserExtractor.from_setting(settings.extractor, settings.extractor_timeout_s,
                                                  settings.extractor_max_memory_bytes)
         self.crawl = settings.crawl_enabled
@@ -64,19 +65,22 @@ class PageReader:
             return read
         if progress is not None:
             progress.enter("parse")
-        rule = self.extractor.match(response.final_url) if self.extractor else None
+        budget = self.extractor.budget() if self.extractor else None  # the page's regex time
+        rule = self.extractor.match(response.final_url, budget) if self.extractor else None
         hooks: list[TreeHook] = []
         if progress is not None and (rule is not None or call is not None):
             hooks.append(lambda _root, _base: progress.enter("extract"))
         if rule is not None:
-            hooks.append(self.extractor.on_tree(record, rule))
+            hooks.append(self.extractor.on_tree(record, rule, budget))
         if call is not None:
             hooks.append(call.on_tree)
         marks = None
         if self.crawl:
             marks = LinkMarks(rule.follow if rule is not None else None,
                               honour_nofollow=self.settings.crawl_nofollow,
-                              robots_header=response.headers.get("x-robots-tag"))
+                              robots_header=response.headers.get("x-robots-tag"),
+                              budget=budget, record=record,
+                              regex_timeout_s=self.settings.rules_regex_timeout_s)
             hooks.append(marks.on_tree)
         try:
             page = parse_html(response.body, response.final_url, response.content_type,
@@ -85,8 +89,8 @@ class PageReader:
             record["error"] = f"not_html: {exc}"
             return read
         add_page(record, page, self.settings.record_max_links)
-        if page.truncated is not None:  # the body was cut before parsing (MAX_PAGE_TAGS)
-            record["truncated"] = page.truncated
+        if page.cut is not None:  # the body was cut before parsing (MAX_PAGE_TAGS)
+            record["parse_cut"] = page.cut
         if marks is not None:
             read.follow = marks.plan(page.links, self.settings.crawl_max_depth)
         return read

@@ -25,7 +25,7 @@ many elements (libxml2 spends ~160 bytes a node: 10 MiB of ``<p>a`` built 5 mill
 800 MB); a body over :data:`LONG_TAG_SCAN_BYTES` is also cut before a start tag longer than
 :data:`LONG_TAG_BYTES` holding more than :data:`LONG_TAG_MAX_SPACES` spaces (libxml2's check
 for duplicate attributes is quadratic: 40,000 attributes in one tag take 4-7 s). The page's
-``truncated`` names the cut (``tags``, ``long_tag``); what was before it is parsed as usual.
+``cut`` names it (``tags``, ``long_tag``; the record's ``parse_cut``); what was before it is parsed as usual.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class Page:
     encoding: str
     links_truncated: bool = False
     canonical_truncated: bool = False
-    truncated: str | None = None  # the cap that cut the body before parsing: tags, long_tag
+    cut: str | None = None  # the cap that cut the body before parsing: tags, long_tag
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (``links`` as a list)."""
@@ -118,7 +118,7 @@ class Page:
             "content_hash": self.content_hash,
             "encoding": self.encoding,
             "canonical_truncated": self.canonical_truncated,
-            "truncated": self.truncated,
+            "cut": self.cut,
         }
 
 
@@ -141,7 +141,7 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
             document's base URL, so extraction rules (common/work/extract.py) read the same
             tree: the page is parsed once. Not called for an empty page.
         max_tags: Parse at most this many ``<`` of the body (MAX_PAGE_TAGS); the page's
-            ``truncated`` says ``tags`` when the body was cut there.
+            ``cut`` says ``tags`` when the body was cut there.
 
     Returns:
         The page; empty (no title, no links, zero text) for an empty or blank body.
@@ -155,7 +155,7 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
     if looks_binary(body, content_type):
         raise NotHTML(f"body of {base_url} looks binary, not HTML")
     _, encoding, utf8_body = decode_to_utf8(body, content_type)
-    utf8_body, truncated = bound_body(utf8_body, max_tags)
+    utf8_body, cut = bound_body(utf8_body, max_tags)
     try:
         # None for empty, blank or comment-only input.
         root = etree.fromstring(utf8_body, _parser())
@@ -163,7 +163,7 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
         raise NotHTML(f"libxml2 could not parse {base_url}: {exc}") from exc
     if root is None:
         return Page(None, None, None, None, (), 0, EMPTY_TEXT_HASH, encoding,
-                    truncated=truncated)
+                    cut=cut)
 
     meta = _read_metadata(root)
     base = links.make_base(base_url)
@@ -187,7 +187,7 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
         language=_language(root, meta.language), links=found, links_truncated=links_truncated,
         text_length=text_length, content_hash=content_hash, encoding=encoding,
         canonical_truncated=canonical is None and href is not None
-        and _too_long(href, base), truncated=truncated,
+        and _too_long(href, base), cut=cut,
     )
 
 

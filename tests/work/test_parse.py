@@ -77,7 +77,7 @@ def test_to_dict_is_json_serialisable_and_lists_the_links() -> None:
         "content_hash",
         "encoding",
         "canonical_truncated",
-        "truncated",
+        "cut",
     }
 
 

@@ -27,7 +27,8 @@ EXTRACTOR_TIMEOUT_S:
 
 * over it, the child is SIGKILLed and ``data_errors["extractor"]`` starts with ``timeout:``;
 * a child that dies (segfault, ``os._exit``, killed, or over EXTRACTOR_MAX_MEMORY_BYTES of
-  address space: ``RLIMIT_AS``, a MemoryError) gives ``crashed:``;
+  address space: ``RLIMIT_AS``, a MemoryError) gives ``crashed:``; its ``oom_score_adj`` is
+  1000, so under a container's memory limit the kernel's OOM killer takes it, not the worker;
 * an exception or a malformed return value gives ``"ValueError: message"``.
 
 Errors are cut to 200 characters; the page is still a result. After a timeout or a crash a
@@ -56,6 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin
 
@@ -396,6 +398,10 @@ def _serve(conn: Connection, value: str, max_memory_bytes: int, parent_pid: int)
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the worker's to handle
     resource.setrlimit(resource.RLIMIT_AS, (max_memory_bytes, max_memory_bytes))
+    try:  # under a container's memory limit the kernel kills this child, not the worker
+        Path("/proc/self/oom_score_adj").write_text("1000")
+    except OSError as exc:
+        logger.warning("extractor child keeps its OOM score (%s)", exc)
     try:
         function = load_function(value)
     except (ConfigError, MemoryError) as exc:

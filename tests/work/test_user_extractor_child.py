@@ -89,6 +89,8 @@ def test_the_function_runs_in_another_process_and_gives_what_it_gave_inline(extr
     assert follow == ["http://shop.test/next"] and counters == {}
     again, _, _ = _page(extractor, "/item")
     assert again["data"]["pid"] == pid  # one long-lived child, not one per page
+    # The OOM killer's first choice, so a container's memory limit takes it and not the worker.
+    assert open(f"/proc/{pid}/oom_score_adj").read().strip() == "1000"
 
 
 def test_a_function_that_loops_forever_times_out_and_a_fresh_child_takes_the_next_page(

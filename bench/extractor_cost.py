@@ -25,7 +25,8 @@ from typing import Any
 from bench.farm_pages import Site, page_html, paragraph_pool
 from common.web.fetch import FetchResult
 from common.work.parse import parse_html
-from common.work.user_extractor import PageInput, UserExtractor, _check, load_function
+from common.work.user_child import PageInput, check_output, load_function
+from common.work.user_extractor import UserExtractor
 
 USER_MODULE = '''
 def extract(page):
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         function = load_function(value)
 
         def inline(root: Any, base_url: str) -> None:
-            _check(function(PageInput(url, 200, dict(response.headers), body,
+            check_output(function(PageInput(url, 200, dict(response.headers), body,
                                       response.content_type, root, {"rule": 1})), base_url)
 
         def parse_only(root: Any, base_url: str) -> None:

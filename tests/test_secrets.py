@@ -269,8 +269,6 @@ def test_metrics_and_health_listen_on_loopback_unless_metrics_host_says_otherwis
         metrics.stop(server)
 
 
-@pytest.mark.xfail(strict=True, reason="common/work/worker.py still binds 0.0.0.0: its "
-                   "metrics_address must come from settings.metrics_host (issue 23)")
 def test_a_worker_with_metrics_port_set_listens_on_loopback_only(settings):
     port = closed_port()
     worker = start_worker_process(settings, "--idle-exit", "30",

@@ -94,7 +94,7 @@ class Worker:
             self.loops.streak, settings.pressure_check_s)
         self._consumer_tags: list[str] = []
         self._paused = False  # consumers cancelled (see _apply_pressure)
-        self.metrics_address = "0.0.0.0"  # noqa: S104 - in a container; tests use loopback
+        self.metrics_address = settings.metrics_host  # loopback unless told (METRICS_HOST)
 
     # -- public -------------------------------------------------------------------------------
     def request_stop(self, *_args: object) -> None:

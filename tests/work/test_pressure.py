@@ -319,9 +319,7 @@ def test_healthz_turns_503_after_repeated_redis_refusals_and_200_once_redis_acce
     port = _free_port()
     own = settings.with_overrides(redis_url_raw=restricted_url, concurrency=2, prefetch=2,
                                   idle_exit_s=2.0, pressure_check_s=0.2, metrics_port=port)
-    loopback = WorkerThread(own)
-    loopback.worker.metrics_address = "127.0.0.1"
-    with loopback as running:
+    with WorkerThread(own) as running:
         worker = running.worker
         n = unhealthy_after(2)
         assert wait_for(lambda: _get(port, "/healthz")[0] == 503, 120), worker.loops.streak()

@@ -4,8 +4,8 @@
 #   1. apt packages: rabbitmq-server, redis-server, postgresql (the result sink's tests start
 #      their own server from /usr/lib/postgresql/<version>/bin), docker-compose (the v1 client, used
 #      only to validate docker-compose.yml), kubectl (Debian's kubernetes-client: `kubectl
-#      kustomize` renders deploy/k8s in tests/test_deploy.py) and python3-venv when venv is
-#      unavailable.
+#      kustomize` renders deploy/k8s in tests/test_deploy.py), nginx, strace (the local-mode
+#      secrets test) and python3-venv when venv is unavailable.
 #   2. .venv with requirements-dev.lock: every package pinned with its sha256 hashes, checked by
 #      pip (--require-hashes), wheels only; re-installed only when a lock changes. The locks are
 #      generated from requirements.txt and requirements-dev.txt (see requirements.txt's header).
@@ -24,6 +24,7 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql
 have docker-compose || missing+=(docker-compose)
 have kubectl || missing+=(kubernetes-client)
 have nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+have strace || missing+=(strace)  # tests/ops/test_local_secrets.py traces every execve
 venv_package=()
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || venv_package=(python3-venv)
 

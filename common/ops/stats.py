@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 #: "At the cap": the stream is capped with an approximate MAXLEN, so it hovers around it.
 DROPPING_AT = 0.9
+USER_CODE_STOPS = ("regex_timeouts", "extractor_timeouts", "extractor_crashes")  # keys.py
 
 
 def _management(settings: Settings) -> tuple[str, tuple[str, str]] | None:
@@ -148,6 +149,7 @@ def collect(settings: Settings, connection: pika.BlockingConnection, client: red
         "robots_blocked": counters.get("robots_blocked", 0),
         "rate_limited": counters.get("rate_limited", 0),
         "retries": counters.get("retries", 0),
+        "user_code_stopped": {k: counters[k] for k in USER_CODE_STOPS if counters.get(k)},
         "domains": _domain_rates(settings, client, crawl_progress.redis_now_ms(client)),
         "throttled": RateLimiter(client, settings).throttled(),
         "deferred": deferred,
@@ -269,6 +271,8 @@ def render(snapshot: dict[str, Any]) -> str:
     lines.append(f"dead-lettered: {snapshot['dead_lettered']} "
                  f"{snapshot['dead_lettered_by_reason'] or ''}  expired: {snapshot['expired']}  "
                  f"robots-blocked: {snapshot['robots_blocked']}  retries: {snapshot['retries']}")
+    if snapshot["user_code_stopped"]:  # rules and EXTRACTOR stopped: see data_errors
+        lines.append(f"user code stopped: {snapshot['user_code_stopped']}")
     if cache["hits"] or cache["misses"]:
         lines.append(f"cache: hits={cache['hits']} misses={cache['misses']} "
                      f"hit_ratio={cache['hit_ratio']:.2f}")
@@ -308,7 +312,7 @@ def render_rich(snapshot: dict[str, Any]) -> Group:
             ("cache hit ratio", _dash(cache["hit_ratio"])),
             ("dead-lettered", f"{snapshot['dead_lettered']} {snapshot['dead_lettered_by_reason']}"),
             ("robots-blocked", snapshot["robots_blocked"]), ("retries", snapshot["retries"]),
-            ("expired", snapshot["expired"])):
+            ("expired", snapshot["expired"]), ("user code stopped", snapshot["user_code_stopped"])):
         summary.add_row(label, str(value))
     for line in _pressure_lines(snapshot["pressure"]):
         summary.add_row(*line.split(": ", 1))

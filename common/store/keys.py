@@ -20,7 +20,9 @@
     stats:counters           HASH of fleet-wide counters (HINCRBY): cache_hits, cache_misses,
                              expired, released, retries, robots_blocked, rate_limited,
                              replica_waits (a repeated WAIT for REDIS_MIN_REPLICAS),
-                             dead_lettered:{reason}.
+                             dead_lettered:{reason}, regex_timeouts (pages whose rule regexes
+                             ran out of RULES_REGEX_TIMEOUT_S), extractor_timeouts and
+                             extractor_crashes (EXTRACTOR calls stopped or crashed).
     content:{url}            STRING, the response cache: zstd-compressed header + body of a
                              200 response, PX CACHE_TTL_S.
     ratelimit:{domain}       ZSET, sliding log of permits (score = Redis ms clock), PX window.

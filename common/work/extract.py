@@ -9,7 +9,7 @@ the page is still a result, never dead-lettered for it. No rules configured: the
 holds no extractor and a page costs nothing more.
 
 A field's ``regex`` runs within the page's RULES_REGEX_TIMEOUT_S
-(:class:`common.work.rules_file.RegexBudget`, GIL released): past it the field is null with
+(:class:`common.work.user_regex.RegexBudget`, GIL released): past it the field is null with
 ``timeout: regex over RULES_REGEX_TIMEOUT_S (1 s)`` in ``data_errors``, the other fields keep
 their values, and :data:`REGEX_TIMEOUTS` counts it (``field``; ``match`` and ``follow`` for the
 rule's ``path``/``url`` and ``allow``/``deny``).
@@ -20,7 +20,7 @@ Checker, offline for a saved file (or fetching one URL with the fleet's Fetcher)
 
 prints the matching rule's fields as JSON (and, for a rule with ``follow``, the links crawl
 mode would hand on). RULES is a file, ``@FILE`` or inline JSON. Regexes prone to catastrophic
-backtracking (:func:`common.work.rules_file.backtracking_risks`) are warned about on stderr.
+backtracking (:func:`common.work.user_regex.backtracking_risks`) are warned about on stderr.
 """
 
 from __future__ import annotations
@@ -44,14 +44,12 @@ from parsel import Selector
 from common.core.errors import ConfigError, FleetError
 from common.work.follow import LinkMarks
 from common.work.parse import parse_html
-from common.work.rules_file import (
+from common.work.rules_file import Field, Rule, load_rules
+from common.work.user_regex import (
     REGEX_TIMEOUT_S_DEFAULT,
     REGEX_TIMEOUTS,
-    Field,
     RegexBudget,
     RegexTimeout,
-    Rule,
-    load_rules,
 )
 
 __all__ = ["REGEX_TIMEOUTS", "Extractor", "extract", "main"]

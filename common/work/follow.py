@@ -14,10 +14,10 @@ The tree is read in :meth:`LinkMarks.on_tree`, during the page's one parse (afte
 elements are stripped, so a ``rel="nofollow"`` link inside ``<noscript>`` is not seen as one).
 
 ``allow``/``deny`` run within the page's RULES_REGEX_TIMEOUT_S
-(:class:`common.work.rules_file.RegexBudget`): once it is spent the links already judged are
+(:class:`common.work.user_regex.RegexBudget`): once it is spent the links already judged are
 kept and the rest are not followed; the plan says so (``cut``), the record too
 (``data_errors["follow"]``, when :class:`LinkMarks` is given it), and
-:data:`common.work.rules_file.REGEX_TIMEOUTS` counts it (``follow``).
+:data:`common.work.user_regex.REGEX_TIMEOUTS` counts it (``follow``).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any
 from lxml import etree
 
 from common.work import links
-from common.work.rules_file import (
+from common.work.rules_file import Follow
+from common.work.user_regex import (
     REGEX_TIMEOUT_S_DEFAULT,
     REGEX_TIMEOUTS,
-    Follow,
     RegexBudget,
     RegexTimeout,
 )

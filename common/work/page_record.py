@@ -40,6 +40,15 @@ class PageRead:
     record: dict[str, Any]
     follow: FollowPlan | None = None  # None: crawl mode is off, or the page is not HTML
     call: Call | None = None  # EXTRACTOR's call on this page (its follow URLs)
+    regex_timed_out: bool = False  # a rule's regex ran out of RULES_REGEX_TIMEOUT_S
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """What this page adds to ``stats:counters``: user code and regexes stopped."""
+        counters = dict(self.call.counters) if self.call is not None else {}
+        if self.regex_timed_out:
+            counters["regex_timeouts"] = 1
+        return counters
 
 
 class PageReader:
@@ -89,6 +98,7 @@ class PageReader:
             record["error"] = f"not_html: {exc}"
             return read
         add_page(record, page, self.settings.record_max_links)
+        read.regex_timed_out = budget is not None and budget.timed_out
         if page.cut is not None:  # the body was cut before parsing (MAX_PAGE_TAGS)
             record["parse_cut"] = page.cut
         if marks is not None:

@@ -17,8 +17,7 @@ A delivery is acked only once its outcome is durable (the ack ledger, common/wor
 
 Backpressure (common/work/pressure.py): a monitor thread checks Redis every PRESSURE_CHECK_S;
 while its verdict says pause, the main thread cancels the consumers (new messages wait in
-RabbitMQ) and consumes again on resume; what was received finishes normally. A paused worker
-is not idle.
+RabbitMQ) and consumes again on resume; what was received finishes normally (not idle).
 
 Stopping: the first SIGTERM/SIGINT cancels the consumers, returns not-yet-started deliveries to
 the broker, lets running fetches finish and be acked, then exits 0. A second signal exits at

@@ -17,12 +17,12 @@ from common.work import extract as extract_module
 from common.work.extract import Extractor
 from common.work.follow import LinkMarks
 from common.work.parse import parse_html
-from common.work.rules_file import (
+from common.work.rules_file import load_rules
+from common.work.user_regex import (
     REGEX_TIMEOUTS,
     RegexBudget,
     RegexTimeout,
     backtracking_risks,
-    load_rules,
 )
 
 URL = "http://shop.example/p/1"

@@ -1,0 +1,125 @@
+"""The processor's ways to give up on a URL: retry later, dead-letter, poison.
+
+:class:`GivingUp` is a base of :class:`common.work.processor.Processor` and reads its
+``settings``, ``client``, ``limiter``, ``done``, ``results`` and ``poison``. Each method
+returns the :class:`~common.work.outcome.Outcome` to publish; nothing is acked here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import redis
+
+from common.broker import topology
+from common.broker.deadletter import dead_letter_headers, utc_now_iso
+from common.broker.messages import WorkMessage
+from common.core.backoff import retry_delay_s
+from common.core.config import Settings
+from common.core.errors import BadMessage, InvalidURL
+from common.core.urls import canonicalize
+from common.store.dedupe import DoneSet
+from common.store.keys import COUNTERS, failures_key
+from common.store.marks import DoneMark, Retime
+from common.store.results import ResultStore
+from common.web.ratelimit import RateLimiter, retime_permit
+from common.work import metrics
+from common.work.outcome import Failure, Outcome, dead_letter, park
+from common.work.poison import PoisonGuard
+from common.work.record import failure_record
+
+
+class GivingUp:
+    settings: Settings
+    client: redis.Redis
+    limiter: RateLimiter
+    done: DoneSet
+    results: ResultStore
+    poison: PoisonGuard
+
+    def _failed(self, url: str, message: WorkMessage, queue: str,
+                failure: Failure, retime: Retime | None = None) -> Outcome:
+        """A transient failure: count it in Redis, then retry later or give up."""
+        key = failures_key(url)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.incr(key)
+        pipe.expire(key, self.settings.failures_ttl_s)
+        self.limiter.report(pipe, url, failure, retime)  # permit re-time; 429/503/timeout throttle
+        failures = int(pipe.execute()[0])
+        first_failure = message.extra.get("first_failure") or utc_now_iso()
+        updated = replace(message, attempts=failures,
+                          extra={**message.extra, "first_failure": first_failure,
+                                 "last_status": failure.status, "last_error": failure.error})
+        if failures > self.settings.max_retries:
+            return self._dead_letter(updated, url, queue, failure, gave_up=True)
+        delay_s = retry_delay_s(failures, failure.retry_after, base_s=self.settings.retry_base_s,
+                                max_s=self.settings.retry_max_s,
+                                retry_after_max_s=self.settings.retry_after_max_s)
+        self.client.hincrby(COUNTERS, "retries", 1)
+        metrics.RETRIES.inc()
+        return park(updated, queue, delay_s * 1000, turn=False,  # MAX_WAIT_S counts after it
+                    why=f"retry {failures}/{self.settings.max_retries} after {failure.reason}")
+
+    def _dead_letter(self, message: WorkMessage, url: str, queue: str, failure: Failure, *,
+                     gave_up: bool = False, retime: Retime | None = None) -> Outcome:
+        reason = "max_retries" if gave_up else failure.reason
+        headers = dead_letter_headers(
+            reason, attempts=message.attempts if gave_up else message.attempts + 1,
+            last_status=failure.status, last_error=failure.error or failure.reason,
+            first_failure=message.extra.get("first_failure"))
+        headers["failure"] = failure.reason
+        extra = {k: v for k, v in message.extra.items() if k not in ("not_before", "slot")}
+        body = replace(message, url=url, extra=extra).to_json()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
+        if retime is not None:
+            retime_permit(pipe, retime)
+        pipe.execute()
+        return dead_letter(url, body, headers, f"{reason} ({failure.reason})",
+                           self._failure_record(url, headers, queue, message.depth),
+                           mark_done=self._done_mark(url, message))
+
+    def _done_mark(self, url: str, message: WorkMessage) -> DoneMark:
+        """The done mark of this message's outcome: the URL's, or for a recrawl (a ``nonce``
+        in the message) that of this one refresh."""
+        nonce = message.extra.get("nonce")
+        return self.done.mark_for(url, nonce if isinstance(nonce, str) else None)
+
+    def _is_done(self, url: str, message: WorkMessage) -> bool:
+        return self.done.contains(self._done_mark(url, message))
+
+    def _dead_letter_raw(self, body: bytes, url: str, reason: str, error: str) -> Outcome:
+        headers = dead_letter_headers(reason, last_error=error)
+        self.client.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
+        return dead_letter(url, body, headers, f"{reason}: {error}",
+                           self._failure_record(url, headers, None, None))
+
+    def _failure_record(self, url: str, headers: dict[str, Any], queue: str | None,
+                        depth: int | None) -> dict[str, Any]:
+        return failure_record(url, headers, worker=self.settings.worker_id, queue=queue,
+                              depth=depth)
+
+    def record_dead_letter(self, mark: DoneMark | None, record: dict[str, Any] | None) -> None:
+        """The dead letter is confirmed: mark the URL done and append its failure record, in
+        one round trip (once per URL: a second confirm of the same URL appends nothing)."""
+        if record is None:
+            if mark is not None:
+                self.done.add(mark)
+            return
+        self.results.record_failure(record, mark)
+
+    def _poison_dropped(self, body: bytes) -> Outcome:
+        try:
+            message = WorkMessage.from_json(body)
+            url = canonicalize(message.url, max_length=self.settings.max_url_length)
+        except (BadMessage, InvalidURL) as exc:
+            return self._dead_letter_raw(body, "<unparsable>", "poison",
+                                         f"past the queue's delivery limit; {exc}")
+        if self._is_done(url, message):
+            return Outcome("already_done", url, detail="past the delivery limit, recorded")
+        progress, verdict = self.poison.arrive(url, redelivered=True)
+        stage = verdict.stage if verdict is not None else "unknown"
+        return self._dead_letter(message, url, topology.NORMAL_QUEUE, Failure(
+            "poison", error=f"past the quorum queue's delivery limit "
+                            f"({topology.DELIVERY_LIMIT}); last stage {stage}"))

@@ -114,6 +114,20 @@ def domain_of(url: str) -> str:
 
 
 @functools.lru_cache(maxsize=4096)  # per page, domain_of: hosts repeat; a hit is ~0.1 us
+def setting_host(value: str) -> str:
+    """A host written in a setting or rule (RATE_LIMITS, CRAWL_ALLOWED_DOMAINS, ROUTING_RULES,
+    rules' ``host``/``domains``) in the form URLs' hosts take, so ``Example.com.`` or
+    ``2130706433`` there means what it means in a link. ValueError saying why when it is none.
+    """
+    host = value.strip().lower()
+    if not host.strip("."):
+        raise ValueError(f"expected a host name, got {value!r}")
+    try:
+        return canonical_host(host)
+    except InvalidURL as exc:
+        raise ValueError(str(exc)) from None
+
+
 def canonical_host(host: str) -> str:
     """``host`` (lower-case ASCII, as urlsplit's ``hostname``) in its one canonical form: no
     trailing dot, an IPv4 address as a dotted quad, an IPv6 address compressed.

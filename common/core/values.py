@@ -9,6 +9,8 @@ import re
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from common.core.urls import setting_host
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -105,7 +107,7 @@ def rate_overrides(raw: str) -> tuple[tuple[str, tuple[int, int]], ...]:
         host, sep, amount = part.partition("=")
         if not sep or not host.strip():
             raise ValueError(f"expected host=rate, got {part!r}")
-        pairs.append((host.strip().lower(), rate(amount.strip())))
+        pairs.append((setting_host(host), rate(amount.strip())))
     return tuple(pairs)
 
 

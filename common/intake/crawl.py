@@ -32,7 +32,7 @@ from typing import Protocol
 import redis
 
 from common.core.config import Settings
-from common.core.urls import domain_of
+from common.core.urls import domain_of, setting_host
 from common.intake.producer import Producer, ProduceSummary
 from common.store.keys import crawl_pages_key
 from common.web.robots import RobotsRules
@@ -92,7 +92,7 @@ class LinkFollower:
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
         self.client = client
-        self.allowed = tuple(d.strip().lower() for d in settings.crawl_allowed_domains.split(",")
+        self.allowed = tuple(setting_host(d) for d in settings.crawl_allowed_domains.split(",")
                              if d.strip())
         self._spend = client.register_script(SPEND_LUA)
         self.producers = ThreadProducers(settings, client)

@@ -24,7 +24,7 @@ from typing import Any
 
 from common.broker.topology import NORMAL_QUEUE, PRIORITY_QUEUE, QUEUE_TTL_MS
 from common.core.errors import ConfigError
-from common.core.urls import domain_of
+from common.core.urls import domain_of, setting_host
 
 _QUEUE_ALIASES = {"priority": PRIORITY_QUEUE, PRIORITY_QUEUE: PRIORITY_QUEUE,
                   "normal": NORMAL_QUEUE, NORMAL_QUEUE: NORMAL_QUEUE}
@@ -84,8 +84,13 @@ def _parse_rule(raw: Any, index: int) -> Rule:
     except (re.error, TypeError) as exc:
         raise ConfigError(f"{where}.regex does not compile: {exc}") from None
     host = raw.get("host")
+    if isinstance(host, str):
+        try:
+            host = setting_host(host)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.host: {exc}") from None
     return Rule(queue=queue, ttl_ms=None if ttl_s is None else int(ttl_s * 1000),
-                host=host.lower() if isinstance(host, str) else None,
+                host=host if isinstance(host, str) else None,
                 contains=tuple(contains), regex=regex)
 
 

@@ -7,6 +7,7 @@ import logging
 
 from common.broker.messages import WorkMessage
 from common.core.errors import BadMessage, InvalidURL
+from common.core.redact import clip
 from common.core.urls import Fingerprint, canonicalize, fingerprint
 from common.store.dedupe import SeenSet
 from common.store.keys import COUNTERS
@@ -36,7 +37,7 @@ def _fingerprint_of(message: WorkMessage) -> Fingerprint | None:
         try:
             return Fingerprint(bytes.fromhex(message.fp))
         except ValueError:
-            logger.warning("bad fingerprint %r in an expired message", message.fp)
+            logger.warning("bad fingerprint %s in an expired message", clip(repr(message.fp)))
     try:
         return fingerprint(canonicalize(message.url))
     except InvalidURL:

@@ -46,6 +46,7 @@ from lxml import etree
 from parsel.csstranslator import HTMLTranslator
 
 from common.core.errors import ConfigError
+from common.core.urls import setting_host
 from common.work.user_regex import REGEX_TIMEOUTS, RegexBudget, RegexTimeout, rule_warnings
 
 TYPES = ("str", "int", "float", "decimal", "date", "bool", "url")
@@ -179,9 +180,10 @@ def _rule(spec: Any, n: int) -> Rule:
         raise ConfigError(f"EXTRACT_RULES {where}: needs a matcher: host, path or url")
     host = spec.get("host")
     if host is not None:
-        if not isinstance(host, str) or not host.strip(".").strip():
-            raise ConfigError(f"EXTRACT_RULES {where} host: expected a host name")
-        host = host.strip().strip(".").lower()
+        try:
+            host = setting_host(host) if isinstance(host, str) else setting_host("")
+        except ValueError as exc:
+            raise ConfigError(f"EXTRACT_RULES {where} host: {exc}") from None
     fields = _fields(spec.get("fields"), where,
                      required=spec.get("items") is None and "follow" not in spec)
     items = _items(spec["items"], where) if spec.get("items") is not None else None
@@ -210,8 +212,7 @@ def _follow(spec: Any, where: str) -> Follow:
             raise ConfigError(f"EXTRACT_RULES {where} {key}: expected true or false")
     domains = None
     if "domains" in spec:
-        domains = tuple(d.strip().strip(".").lower()
-                        for d in _listed(spec["domains"], where, "domains"))
+        domains = tuple(_domain(d, where) for d in _listed(spec["domains"], where, "domains"))
         if not domains or not all(domains):
             raise ConfigError(f"EXTRACT_RULES {where} domains: expected host names")
     return Follow(
@@ -220,6 +221,13 @@ def _follow(spec: Any, where: str) -> Follow:
         areas=tuple(f"({xp})/descendant-or-self::a/@href" for xp in areas),
         nofollow=spec.get("nofollow"), depth=depth, priority=spec.get("priority", False),
         domains=domains)
+
+
+def _domain(value: str, where: str) -> str:
+    try:
+        return setting_host(value)
+    except ValueError as exc:
+        raise ConfigError(f"EXTRACT_RULES {where} follow domains: {exc}") from None
 
 
 def _listed(value: Any, where: str, key: str) -> list[str]:

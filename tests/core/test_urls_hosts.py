@@ -85,3 +85,30 @@ def test_generated_forms_of_loopback_addresses_all_canonicalise_to_their_dotted_
         url = f"http://{form}/x"
         assert canonicalize(url) == f"http://{quad}/x", form
         assert domain_of(url) == quad, form
+
+
+# --- hosts written in settings and rules ---------------------------------------------------
+
+
+def test_a_host_in_rate_limits_is_the_host_a_link_has() -> None:
+    from common.core.values import rate_overrides
+
+    overrides = dict(rate_overrides("Example.COM.=5/second,2130706433=1/second"))
+    assert set(overrides) == {"example.com", "127.0.0.1"}
+    assert domain_of("http://example.com./a") in overrides
+    assert domain_of("http://127.1/") in overrides
+
+
+def test_a_host_in_rules_and_routing_is_the_host_a_link_has() -> None:
+    from common.core.errors import ConfigError
+    from common.intake.routing import Router
+    from common.work.rules_file import load_rules
+
+    rules = load_rules('[{"host": "0x7f.1", "fields": {"t": "title"}, '
+                       '"follow": {"domains": ["Shop.Example."]}}]')
+    assert rules[0].host == "127.0.0.1"
+    assert rules[0].follow.domains == ("shop.example",)
+    routing = Router.from_setting('[{"host": "Shop.Example.", "queue": "priority"}]')
+    assert routing.rules[0].host == "shop.example"
+    with pytest.raises(ConfigError, match="host"):
+        load_rules('[{"host": "256.0.0.1", "fields": {"t": "title"}}]')

@@ -25,10 +25,12 @@ from typing import Any
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from common.broker import topology
 from common.core.urls import canonicalize
 from common.intake.producer import Producer
+from common.store.keys import COUNTERS
 from tests.helpers import drain, output_of, results, start_worker_process, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -132,6 +134,15 @@ class Supervisor:
                 proc.wait(10)
 
 
+def _stopped_regexes(port: int) -> float:
+    """fleet_user_code_stopped_total{kind="regex_timeouts"} of the worker on ``port``."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == "fleet_user_code_stopped_total"
+               and sample.labels.get("kind") == "regex_timeouts")
+
+
 def _hostile_routes(site: Any) -> dict[str, str]:
     """Serve the three hostile pages; returns {name: URL}."""
     bomb = gzip.compress(b"<html><body>" + b"<p>a" * (10 * 1024 * 1024 // 4), 9)
@@ -168,6 +179,7 @@ def test_hostile_pages_and_rules_cost_no_page_and_no_worker(settings, redis_clie
 
         finished = wait_for(every_url_has_an_outcome, 240, step_s=0.5)
         took_s = time.monotonic() - started
+        stopped = sum(_stopped_regexes(port) for port in supervisor.ports)
     finally:
         supervisor.stop()
     logs = "\n".join(output_of(p)[-1500:] for p in supervisor.procs)
@@ -186,6 +198,9 @@ def test_hostile_pages_and_rules_cost_no_page_and_no_worker(settings, redis_clie
         digits = records[hostile[f"digits{copy}"]]
         assert digits["data"]["price"] is None
         assert digits["data_errors"]["price"].startswith("timeout"), digits["data_errors"]
+    # ... and the operator sees it: in status's counters and in Prometheus.
+    assert int(redis_client.hget(COUNTERS, "regex_timeouts")) == COPIES
+    assert stopped == COPIES
     assert supervisor.oom_kills == 0, f"peak {supervisor.peak_rss >> 20} MiB"
     assert len(supervisor.restarts) <= 1, supervisor.restarts
     assert supervisor.health_answers > 0

@@ -65,6 +65,9 @@ THROTTLED_RATE = Gauge("fleet_throttled_domain_rate_ratio", "A throttled domain'
                        ["domain", "reason"], registry=REGISTRY)
 THROTTLED_SINCE = Gauge("fleet_throttled_domain_since_seconds", "When the domain's throttling "
                         "began (Unix time)", ["domain", "reason"], registry=REGISTRY)
+USER_CODE_STOPPED = Counter("fleet_user_code_stopped_total", "Pages whose user code was "
+                            "stopped: regex_timeouts, extractor_timeouts, extractor_crashes",
+                            ["kind"], registry=REGISTRY)
 HEALTHY.set(1)
 
 #: Every metric family the workers export (the dashboard test reads this).
@@ -73,7 +76,8 @@ EXPORTED = ("fleet_fetches_total", "fleet_fetch_seconds", "fleet_fetch_bytes_tot
             "fleet_cache_hits_total", "fleet_cache_misses_total", "fleet_in_flight",
             "fleet_worker_paused", "fleet_worker_healthy", "fleet_redis_used_memory_bytes",
             "fleet_redis_maxmemory_bytes", "fleet_results_backlog", "fleet_redis_refusals_total",
-            "fleet_throttled_domain_rate_ratio", "fleet_throttled_domain_since_seconds")
+            "fleet_throttled_domain_rate_ratio", "fleet_throttled_domain_since_seconds",
+            "fleet_user_code_stopped_total")
 
 #: Most throttled domains one worker exports at a time (the rest: stats.py lists them all).
 MAX_THROTTLED_SERIES = 100

@@ -281,7 +281,9 @@ class Processor(GivingUp):
             cache_value = (value, self.settings.cache_ttl_s) if value is not None else None
         counters = {"cache_hits": 1} if cached else (
             {"cache_misses": 1} if self.settings.cache_ttl_s > 0 else {})
-        counters.update(read.counters)  # user code and regexes stopped (issue 23)
+        for kind, count in read.counters.items():  # user code and regexes stopped (issue 23)
+            counters[kind] = count
+            metrics.USER_CODE_STOPPED.labels(kind).inc(count)
         with multi.yielding():
             self.results.record(record, cache=cache_value, counters=counters,
                                 clear_failures=message.attempts > 0, done=done,

@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from common.ops.fleet_dir import CONNECTION_VARIABLES, FleetDir
-from common.ops.servers import ServicesUnavailable, find_binaries
+from common.ops.servers import ServicesUnavailable, find_binaries, redis_config_string
 from tests.helpers import REPO_ROOT
 from tests.ops.test_fleet_env import HOSTILE
 
@@ -135,10 +135,12 @@ def test_up_starts_the_fleet_with_a_multi_line_setting_and_keeps_it_unchanged(lo
 
 def test_every_file_holding_a_secret_is_readable_by_its_owner_only(local_fleet):
     fleet = _up(local_fleet)
-    secrets = local_fleet["secrets"].values()
+    # As written or as Redis's config file spells it (every byte but letters and digits escaped).
+    forms = [form for secret in local_fleet["secrets"].values()
+             for form in (secret.encode(), redis_config_string(secret).encode())]
     holders = [path for path in fleet.path.rglob("*")
                if path.is_file() and not path.is_symlink()
-               and any(s.encode() in path.read_bytes() for s in secrets)]
+               and any(form in path.read_bytes() for form in forms)]
     assert fleet.env_file in holders and fleet.rabbitmq / "node.json" in holders
     assert any(p.parent == fleet.redis for p in holders)  # Redis's password file
     modes = {str(p.relative_to(fleet.path)): oct(p.stat().st_mode & 0o077) for p in holders}

@@ -15,6 +15,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+import pika
 import pytest
 
 from common.broker import topology
@@ -58,7 +59,7 @@ def _kill(proc: Any) -> None:
 
 @pytest.mark.slow
 def test_a_url_that_dies_with_its_worker_three_times_is_dead_lettered_as_poison_with_its_stage(
-        settings, redis_client, amqp_channel, site):
+        settings, redis_client, amqp_channel, site, run_cli):
     release = threading.Event()
 
     def hang(_request: Any) -> tuple[int, dict[str, str], bytes]:
@@ -97,6 +98,21 @@ def test_a_url_that_dies_with_its_worker_three_times_is_dead_lettered_as_poison_
     failures = [json.loads(fields[b"json"]) for _id, fields in
                 redis_client.xrange(FAILURES_STREAM)]
     assert [(f["url"], f["reason"]) for f in failures] == [(doomed, "poison")]
+
+    # Fixed (the site answers now): put back as it was (draining took it), replayed by its
+    # reason, it gets its one result.
+    amqp_channel.basic_publish(topology.FAILED_EXCHANGE, topology.FAILED_ROUTING_KEY,
+                               WorkMessage(doomed).to_json(),
+                               properties=pika.BasicProperties(headers=headers, delivery_mode=2))
+    replayed = run_cli("dlq.py", "replay", "--reason", "poison")
+    assert replayed.returncode == 0 and replayed.stdout.startswith("replayed=1 "), replayed
+    finisher = start_worker_process(settings, "--concurrency", "2", "--idle-exit", "2")
+    try:
+        assert finisher.wait(timeout=60) == 0, output_of(finisher)[-3000:]
+    finally:
+        _kill(finisher)
+    per_url = Counter(record["url"] for record in results(redis_client))
+    assert per_url[doomed] == 1 and site.count("/hang") == 4
 
 
 def test_a_redelivery_counts_a_death_and_an_outcome_forgets_them(settings, redis_client, site):

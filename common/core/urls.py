@@ -113,7 +113,6 @@ def domain_of(url: str) -> str:
         return host[:-1] if host.endswith(".") else host
 
 
-@functools.lru_cache(maxsize=4096)  # per page, domain_of: hosts repeat; a hit is ~0.1 us
 def setting_host(value: str) -> str:
     """A host written in a setting or rule (RATE_LIMITS, CRAWL_ALLOWED_DOMAINS, ROUTING_RULES,
     rules' ``host``/``domains``) in the form URLs' hosts take, so ``Example.com.`` or
@@ -128,6 +127,7 @@ def setting_host(value: str) -> str:
         raise ValueError(str(exc)) from None
 
 
+@functools.lru_cache(maxsize=4096)  # per page, domain_of: hosts repeat; a hit is ~0.1 us
 def canonical_host(host: str) -> str:
     """``host`` (lower-case ASCII, as urlsplit's ``hostname``) in its one canonical form: no
     trailing dot, an IPv4 address as a dotted quad, an IPv6 address compressed.

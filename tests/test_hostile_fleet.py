@@ -111,7 +111,7 @@ class Supervisor:
         while not self._stop.wait(0.1):
             proc = self.procs[slot]
             try:
-                requests.get(url, timeout=2)
+                requests.get(url, timeout=5)  # a frozen worker never answers
                 self.health_answers += 1
             except requests.RequestException as exc:
                 # Before the endpoint is up (start-up, a restart) is not a miss.

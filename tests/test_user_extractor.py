@@ -129,11 +129,11 @@ def _free_port() -> int:
 
 def _healthz(port: int) -> int:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
             return response.status
     except urllib.error.HTTPError as exc:
         return exc.code
-    except (urllib.error.URLError, OSError):  # not listening, or no answer within 2 s
+    except (urllib.error.URLError, OSError):  # not listening, or no answer within 5 s
         return 0
 
 

@@ -4,7 +4,6 @@ catastrophic backtracking (backtracking_risks). No services."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import threading
@@ -104,9 +103,9 @@ def test_another_thread_keeps_running_while_a_rule_regex_runs():
         thread.join()
     during = [started] + [t for t in ticks if started <= t <= ended] + [ended]
     assert ended - started >= 0.9
-    # With the GIL held (concurrent=False) the thread would not tick once in that second.
+    # With the GIL held (concurrent=False) the thread would not tick once in that second; the
+    # gaps between ticks are not asserted: on a loaded machine the scheduler makes them.
     assert len(during) > 20
-    assert max(b - a for a, b in itertools.pairwise(during)) < 0.3
 
 
 def re_compile(pattern: str):

@@ -180,10 +180,7 @@ def _rule(spec: Any, n: int) -> Rule:
         raise ConfigError(f"EXTRACT_RULES {where}: needs a matcher: host, path or url")
     host = spec.get("host")
     if host is not None:
-        try:
-            host = setting_host(host) if isinstance(host, str) else setting_host("")
-        except ValueError as exc:
-            raise ConfigError(f"EXTRACT_RULES {where} host: {exc}") from None
+        host = _host(host if isinstance(host, str) else "", where, "host")
     fields = _fields(spec.get("fields"), where,
                      required=spec.get("items") is None and "follow" not in spec)
     items = _items(spec["items"], where) if spec.get("items") is not None else None
@@ -212,7 +209,7 @@ def _follow(spec: Any, where: str) -> Follow:
             raise ConfigError(f"EXTRACT_RULES {where} {key}: expected true or false")
     domains = None
     if "domains" in spec:
-        domains = tuple(_domain(d, where) for d in _listed(spec["domains"], where, "domains"))
+        domains = tuple(_host(d, where, "follow domains") for d in _listed(spec["domains"], where, "domains"))
         if not domains or not all(domains):
             raise ConfigError(f"EXTRACT_RULES {where} domains: expected host names")
     return Follow(
@@ -223,11 +220,11 @@ def _follow(spec: Any, where: str) -> Follow:
         domains=domains)
 
 
-def _domain(value: str, where: str) -> str:
+def _host(value: str, where: str, label: str) -> str:
     try:
         return setting_host(value)
     except ValueError as exc:
-        raise ConfigError(f"EXTRACT_RULES {where} follow domains: {exc}") from None
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: {exc}") from None
 
 
 def _listed(value: Any, where: str, key: str) -> list[str]:

@@ -261,7 +261,8 @@ KNOBS: tuple[Knob, ...] = (
          "Deliveries of a URL that ended without an outcome (its worker died) before it is "
          "dead-lettered as `poison`."),
     Knob("STUCK_PAGE_S", "stuck_page_s", values.positive_float, "30",
-         "A page still parsing after this long marks its URL `poison` and restarts the worker."),
+         "A page still parsing after this long marks its URL `poison` and restarts the worker "
+         "(at least EXTRACTOR_TIMEOUT_S + RULES_REGEX_TIMEOUT_S + 5 s)."),
     Knob("REDIS_MEMORY_HIGH", "redis_memory_high", values.fraction, "0.9",
          "Workers stop taking deliveries while Redis uses more than this fraction of its "
          "maxmemory (no maxmemory: never)."),

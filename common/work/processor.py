@@ -81,7 +81,9 @@ class Processor(GivingUp):
         self.pages = PageReader(settings)  # EXTRACT_RULES, EXTRACTOR: ConfigError if bad
         self.archive = Archive.from_settings(settings)  # ARCHIVE=warc
         self.poison = PoisonGuard(client, settings.poison_deliveries, settings.failures_ttl_s)
-        self.watch = StuckWatch(self.poison, settings.stuck_page_s)  # started by the worker
+        self.watch = StuckWatch(self.poison, max(  # started by the worker; never before
+            settings.stuck_page_s,  # the limits user code and regexes already have ran out
+            settings.extractor_timeout_s + settings.rules_regex_timeout_s + 5))
 
     # -- entry points -------------------------------------------------------------------------
     def process(self, body: bytes, queue: str, redelivered: bool = False) -> Outcome:

@@ -151,13 +151,17 @@ def test_timeouts_slow_the_domain_down_and_healthy_answers_bring_its_rate_back(
                       "THROTTLE_RATE_FLOOR": "0.5"}, slow_down_then_recover)
 
     pages = _pages(site)
-    slow_phase = [t for t in pages if marks["slow"] + 1.0 <= t < marks["fast"]]
+    # The first 1.5 s are the transition: the first answers time out 0.5 s after they were
+    # sent, and a request admitted just before the cut may still arrive (1.0 s was too short
+    # on a loaded machine: 2 of 10 runs and one CI run saw such a request at +1.26 s).
+    settle_s = 1.5
+    slow_phase = [t for t in pages if marks["slow"] + settle_s <= t < marks["fast"]]
     print(f"\nbefore: {_per_window(pages, pages[0], marks['slow'], 1.0)} per s; slow: "
           f"{_per_window(pages, marks['slow'], marks['fast'], 1.0)}; recovered "
           f"{marks['recovered'] - marks['fast']:.1f} s after the site did")
     # Half the configured rate (THROTTLE_DECREASE 0.5, floor 0.5) while answers time out.
     assert _min_gap(slow_phase, RATE // 2) >= 1.0 - SITE_LOG_TOLERANCE_S, slow_phase
-    assert len(slow_phase) <= (RATE // 2) * (marks["fast"] - marks["slow"] - 1.0) + 1
+    assert len(slow_phase) <= (RATE // 2) * (marks["fast"] - marks["slow"] - settle_s) + 1
     # Once the rate is back, the backlog and the new URLs go at the configured rate again.
     tail = [t for t in pages if t >= marks["recovered"]]
     rate = (len(tail) - 1) / (tail[-1] - tail[0])

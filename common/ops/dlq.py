@@ -14,6 +14,7 @@ letter; replay uses the URL as the body holds it.
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 from collections import Counter
@@ -66,14 +67,14 @@ def _shown(value: Any) -> Any:
         return value
     encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
     try:
-        value.encode(encoding)
+        codecs.lookup(encoding)
     except LookupError:  # an encoding Python does not know: UTF-8 is what is written then
         encoding = "utf-8"
-    except UnicodeEncodeError:
-        pass
-    else:
-        return value
-    return value.encode(encoding, "backslashreplace").decode(encoding)
+    try:
+        value.encode(encoding)
+    except UnicodeEncodeError:  # what the terminal cannot print becomes backslash escapes
+        return value.encode(encoding, "backslashreplace").decode(encoding)
+    return value
 
 
 def _decode(body: bytes, headers: dict[str, Any] | None) -> DeadLetter:

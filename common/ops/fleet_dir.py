@@ -199,14 +199,20 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by this user only, replacing it atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)  # a leftover could have another mode: O_CREAT would keep it
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path``, readable by this user only from its first byte (created
+    0600, never widened: a leftover file of that name, whatever its mode, is replaced).
+    Written byte for byte (``newline=""``: CRs inside values are kept)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-        handle.write(text)  # newline="": written byte for byte, CRs inside values kept
-    os.replace(tmp, path)
+        handle.write(text)
+    return path
+
+
+def _write_private(path: Path, text: str) -> None:
+    """:func:`write_private`, replacing ``path`` atomically (readers never see half a file)."""
+    os.replace(write_private(path.with_name(path.name + ".tmp"), text), path)
 
 
 def use_local_fleet(environ: MutableMapping[str, str]) -> Path | None:

@@ -26,14 +26,8 @@ from urllib.parse import quote
 import pika
 import pika.exceptions
 
-from common.ops.servers import (
-    LOOPBACK,
-    ServicesUnavailable,
-    find_binaries,
-    tail,
-    terminate_group,
-    write_private,
-)
+from common.ops.fleet_dir import write_private
+from common.ops.servers import LOOPBACK, ServicesUnavailable, find_binaries, tail, terminate_group
 
 logger = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ import redis
 import redis.exceptions
 
 from common.core.errors import ServiceUnavailable
+from common.ops.fleet_dir import write_private
 
 logger = logging.getLogger(__name__)
 
@@ -179,16 +180,6 @@ def redis_config_string(value: str) -> str:
     and digits as ``\\xHH``, so no character of a password can end or split it."""
     return '"' + "".join(chr(b) if chr(b).isascii() and chr(b).isalnum() else f"\\x{b:02x}"
                          for b in value.encode()) + '"'
-
-
-def write_private(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path``, readable by this user only from its first byte (created
-    0600, never widened; a leftover file of that name is replaced)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    return path
 
 
 def start_redis(cmd: list[str], client: redis.Redis, timeout_s: float) -> subprocess.Popen[bytes]:

@@ -32,12 +32,7 @@ from lxml import etree
 
 from common.work import links
 from common.work.rules_file import Follow
-from common.work.user_regex import (
-    REGEX_TIMEOUT_S_DEFAULT,
-    REGEX_TIMEOUTS,
-    RegexBudget,
-    RegexTimeout,
-)
+from common.work.user_regex import REGEX_TIMEOUTS, RegexBudget, RegexTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -80,15 +75,13 @@ class LinkMarks:
 
     def __init__(self, follow: Follow | None, *, honour_nofollow: bool,
                  robots_header: str | None = None, budget: RegexBudget | None = None,
-                 record: dict[str, Any] | None = None,
-                 regex_timeout_s: float = REGEX_TIMEOUT_S_DEFAULT) -> None:
-        """``budget``: the page's regex budget (default: a new one of ``regex_timeout_s`` when
-        :meth:`plan` starts); ``record``: the page's result record, told when allow/deny are
-        cut (``data_errors["follow"]``)."""
+                 record: dict[str, Any] | None = None) -> None:
+        """``budget``: the page's regex budget (the one its rule had; default: a new one of
+        RULES_REGEX_TIMEOUT_S' default when :meth:`plan` starts); ``record``: the page's result
+        record, told when allow/deny are cut (``data_errors["follow"]``)."""
         self.follow = follow
         self.budget = budget
         self.record = record
-        self.regex_timeout_s = regex_timeout_s
         self.honour = (follow.nofollow if follow is not None and follow.nofollow is not None
                        else honour_nofollow)
         self.page_nofollow = self.honour and robots_nofollow(robots_header)
@@ -126,8 +119,7 @@ class LinkMarks:
         skipped = len(candidates) - len(kept)
         cut, cut_links = None, 0
         if follow is not None and (follow.allow or follow.deny):
-            budget = self.budget if self.budget is not None else RegexBudget(
-                self.regex_timeout_s)
+            budget = self.budget if self.budget is not None else RegexBudget()
             chosen: list[str] = []
             judged = 0
             try:

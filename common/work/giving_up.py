@@ -118,8 +118,7 @@ class GivingUp:
                                          f"past the queue's delivery limit; {exc}")
         if self._is_done(url, message):
             return Outcome("already_done", url, detail="past the delivery limit, recorded")
-        progress, verdict = self.poison.arrive(url, redelivered=True)
-        stage = verdict.stage if verdict is not None else "unknown"
         return self._dead_letter(message, url, topology.NORMAL_QUEUE, Failure(
             "poison", error=f"past the quorum queue's delivery limit "
-                            f"({topology.DELIVERY_LIMIT}); last stage {stage}"))
+                            f"({topology.DELIVERY_LIMIT}); last stage "
+                            f"{self.poison.last_stage(url)}"))

@@ -88,8 +88,7 @@ class PageReader:
             marks = LinkMarks(rule.follow if rule is not None else None,
                               honour_nofollow=self.settings.crawl_nofollow,
                               robots_header=response.headers.get("x-robots-tag"),
-                              budget=budget, record=record,
-                              regex_timeout_s=self.settings.rules_regex_timeout_s)
+                              budget=budget, record=record)  # the rule's follow: its budget
             hooks.append(marks.on_tree)
         try:
             page = parse_html(response.body, response.final_url, response.content_type,

@@ -115,6 +115,10 @@ class PoisonGuard:
         pipe.expire(key, self.ttl_s)
         pipe.execute()
 
+    def last_stage(self, url: str) -> str:
+        """The last stage a tracked delivery of ``url`` entered (``unknown``: none was)."""
+        return _text(self.client.hget(poison_key(url), "stage")) or "unknown"
+
     def clear(self, progress: Progress) -> None:
         """A tracked URL reached its outcome: forget its deaths."""
         if progress.tracked:

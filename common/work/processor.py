@@ -102,8 +102,8 @@ class Processor(GivingUp):
             if self._is_done(url, message):
                 self.poison.clear(progress)
                 return Outcome("already_done", url, detail="redelivered, outcome recorded")
-            return self._dead_letter(message, url, queue, Failure(
-                "poison", error=verdict.error()), gave_up=False)
+            return self._dead_letter(message, url, queue,
+                                     Failure("poison", error=verdict.error()))
         self.watch.add(progress)
         try:
             outcome = self._process(message, url, queue, progress)
@@ -114,7 +114,6 @@ class Processor(GivingUp):
 
     def _process(self, message: WorkMessage, url: str, queue: str,
                  progress: Progress) -> Outcome:
-
         not_before = message.extra.get("not_before")
         if isinstance(not_before, int | float):  # finite: messages refuse NaN and Infinity
             remaining_ms = (not_before - time.time()) * 1000

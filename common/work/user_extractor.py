@@ -35,9 +35,8 @@ EXTRACTOR_TIMEOUT_S:
 Errors are cut to 200 characters; the page is still a result. After a timeout or a crash a
 fresh child is started at once (it imports while the loop goes on), for the next page.
 Timeouts and crashes are counted: :attr:`Call.counters` (the caller adds them to Redis's
-``stats:counters``: ``extractor_timeouts``, ``extractor_crashes``),
-:meth:`UserExtractor.counts`, and :data:`EXTRACTOR_FAILURES` (a Prometheus counter, by
-``kind``, not registered anywhere: the metrics module decides what the worker exports).
+``stats:counters``: ``extractor_timeouts``, ``extractor_crashes``, and the Prometheus counter
+``fleet_user_code_stopped_total``) and :meth:`UserExtractor.counts` (this process's).
 """
 
 from __future__ import annotations
@@ -51,7 +50,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from lxml import etree
-from prometheus_client import Counter
 
 from common.work.user_child import (
     ERROR_MAX_CHARS,
@@ -64,7 +62,7 @@ from common.work.user_child import (
 if TYPE_CHECKING:
     from common.web.fetch import FetchResult
 
-__all__ = ["EXTRACTOR_FAILURES", "PageInput", "UserExtractor", "load_function"]
+__all__ = ["PageInput", "UserExtractor", "load_function"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +72,6 @@ START_TIMEOUT_S = 30.0
 MAX_MEMORY_BYTES_DEFAULT = 512 * 1024 * 1024
 #: stats:counters fields, by failure kind.
 _COUNTER_NAMES = {"timeout": "extractor_timeouts", "crash": "extractor_crashes"}
-
-#: Calls stopped (``timeout``) or whose child died (``crash``) since the process started.
-EXTRACTOR_FAILURES = Counter("fleet_extractor_failures_total",
-                             "EXTRACTOR calls stopped over EXTRACTOR_TIMEOUT_S (timeout) or "
-                             "whose child process died (crash)", ["kind"], registry=None)
 
 
 @dataclass(slots=True)
@@ -181,7 +174,6 @@ class UserExtractor:
         self._forget(child)
         with self._lock:
             self._counts[kind] += 1
-        EXTRACTOR_FAILURES.labels(kind).inc()
         logger.warning("EXTRACTOR %s: %s", self.value, text)
         self._child()
         return Reply(error=text, failure=kind)

@@ -11,6 +11,7 @@ prone to it.
 
 from __future__ import annotations
 
+import logging
 import re
 import re._constants as sre_constants
 import re._parser as sre_parser
@@ -21,6 +22,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import regex
+
+logger = logging.getLogger(__name__)
 
 #: RULES_REGEX_TIMEOUT_S's default (common/core/knobs.py): an ordinary page's rule regexes take
 #: microseconds to a few milliseconds together (NOTES.md #35), a hostile one minutes.
@@ -63,29 +66,34 @@ REGEX_TIMEOUTS = RegexTimeouts()
 class RegexBudget:
     """The time one page's user regexes may take together (RULES_REGEX_TIMEOUT_S).
 
-    The clock starts when the budget is made (once per page and stage); each :meth:`search`
-    passes what is left as the ``regex`` module's ``timeout`` and releases the GIL while it
-    matches. Once the budget is spent every further search raises at once.
+    What counts is the time spent searching, summed over the page's searches (rule matching,
+    fields, follow rules), not the time since the budget was made: parsing a large page does
+    not spend it. Each :meth:`search` passes what is left as the ``regex`` module's
+    ``timeout`` and releases the GIL while it matches. Once the budget is spent every further
+    search raises at once.
     """
 
-    __slots__ = ("limit_s", "deadline", "timed_out")
+    __slots__ = ("limit_s", "left_s", "timed_out")
 
     def __init__(self, limit_s: float = REGEX_TIMEOUT_S_DEFAULT) -> None:
         self.limit_s = limit_s
-        self.deadline = time.monotonic() + limit_s
+        self.left_s = limit_s
         self.timed_out = False  # some search of this page ran out of time
 
     def search(self, pattern: regex.Pattern[str], text: str) -> regex.Match[str] | None:
         """``pattern.search(text)`` within the budget; :class:`RegexTimeout` past it."""
-        left_s = self.deadline - time.monotonic()
-        if left_s > 0:
+        try:
+            if self.left_s <= 0:
+                raise TimeoutError("the page's regex budget is spent")
+            started = time.monotonic()
             try:  # math.inf (no limit) is not a timeout the regex module takes
-                return pattern.search(text, timeout=left_s if left_s < 1e9 else None,
+                return pattern.search(text, timeout=self.left_s if self.left_s < 1e9 else None,
                                       concurrent=True)
-            except TimeoutError:
-                pass
-        self.timed_out = True
-        raise RegexTimeout(self.limit_s)
+            finally:
+                self.left_s -= time.monotonic() - started
+        except TimeoutError:  # the regex module's, or the spent budget's: the caller decides
+            self.timed_out = True
+            raise RegexTimeout(self.limit_s) from None
 
 
 def rule_warnings(rules: Iterable[Any]) -> list[str]:
@@ -155,7 +163,9 @@ def backtracking_risks(pattern: str) -> list[str]:
     try:
         items = list(sre_parser.parse(pattern).data)
     except (re.error, ValueError, OverflowError, RecursionError):
-        return []  # not re's syntax (a regex-module extension): not judged
+        # Not re's syntax (a regex-module extension such as \p{L}): not judged, not an error.
+        logger.debug("pattern %.200r not checked for backtracking: re cannot parse it", pattern)
+        return []
     risks: list[str] = []
     _walk(items, risks)
     if _unanchored_run(items):

@@ -93,7 +93,6 @@ class Worker:
             self.loops.streak, settings.pressure_check_s)
         self._consumer_tags: list[str] = []
         self._paused = False  # consumers cancelled (see _apply_pressure)
-        self.metrics_address = settings.metrics_host  # loopback unless told (METRICS_HOST)
 
     # -- public -------------------------------------------------------------------------------
     def request_stop(self, *_args: object) -> None:
@@ -121,7 +120,7 @@ class Worker:
                   self.processor.watch):  # common/work/poison.py: ends the worker on a stuck page
             t.start()  # the Releaser publishes deferred URLs on time (common/intake/defer.py)
         server = metrics.serve(self.settings.metrics_port, self.pressure.health,
-                               self.metrics_address)
+                               self.settings.metrics_host)  # loopback unless told
         connected_once = False
         losses = 0  # connections lost in a row without a delivery in between
         try:

@@ -119,7 +119,8 @@ def test_allow_deny_over_2000_hostile_links_are_cut_and_the_record_says_so():
         "allow": [SLOW_LINK, "/p/"], "deny": "/cart"}}]))[0]
     record: dict = {}
     before = REGEX_TIMEOUTS.snapshot().get("follow", 0)
-    marks = LinkMarks(rule.follow, honour_nofollow=True, record=record, regex_timeout_s=0.3)
+    marks = LinkMarks(rule.follow, honour_nofollow=True, record=record,
+                      budget=RegexBudget(0.3))
     page = parse_html(body, "http://shop.example/", "text/html", max_links=5000,
                       on_tree=marks.on_tree)
     assert len(page.links) == 2001

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 import pytest
 
 from common.web.fetch import FetchResult
-from common.work import user_extractor
 from common.work.parse import parse_html
 from common.work.user_extractor import UserExtractor
 
@@ -134,13 +133,13 @@ def test_a_catastrophic_regex_times_out_while_the_workers_other_threads_run(extr
 
 
 def test_a_function_allocating_2_gib_crashes_its_child_not_the_worker(extractor):
-    crashes = user_extractor.EXTRACTOR_FAILURES.labels("crash")._value.get()
+    crashes = extractor.counts()["crash"]
     record, _, counters = _page(extractor, "/allocate")
     assert record["data_errors"]["extractor"] == (
         "crashed: MemoryError over EXTRACTOR_MAX_MEMORY_BYTES (536870912)")
     assert "allocated" not in record["data"]
     assert counters == {"extractor_crashes": 1}
-    assert user_extractor.EXTRACTOR_FAILURES.labels("crash")._value.get() == crashes + 1
+    assert extractor.counts()["crash"] == crashes + 1
     after, _, _ = _page(extractor, "/item")
     assert after["data"]["price"] == "12.50"
 

@@ -92,6 +92,9 @@ class RegexBudget:
             finally:
                 self.left_s -= time.monotonic() - started
         except TimeoutError:  # the regex module's, or the spent budget's: the caller decides
+            # The regex module's clock and ours differ by a hair: a search it stopped leaves
+            # the budget spent, never a few microseconds a later search could use.
+            self.left_s = 0.0
             self.timed_out = True
             raise RegexTimeout(self.limit_s) from None
 

@@ -81,6 +81,16 @@ def test_once_the_page_budget_is_spent_later_regex_fields_time_out_at_once():
     assert set(record["data_errors"]) == {"amount", "price"}
 
 
+def test_a_search_the_regex_module_stopped_leaves_no_budget_for_a_later_one():
+    budget = RegexBudget(0.1)
+    with pytest.raises(RegexTimeout):
+        budget.search(re_compile(SLOW_FIELD), DIGITS_300_KB)
+    # Its clock and ours differ by microseconds; a quick search must not slip through them.
+    with pytest.raises(RegexTimeout):
+        budget.search(re_compile(r"\d"), "1")
+    assert budget.left_s == 0 and budget.timed_out
+
+
 def test_another_thread_keeps_running_while_a_rule_regex_runs():
     ticks: list[float] = []
     stop = threading.Event()

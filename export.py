@@ -17,7 +17,7 @@ interrupted.
 from __future__ import annotations
 
 from common.ops import cli
-from common.ops.cli_inspect import export_main
+from common.ops.cli_export import export_main
 
 if __name__ == "__main__":
     cli.run(export_main)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Collection, Iterator
@@ -131,7 +132,7 @@ def run(main: Callable[[Settings], int]) -> None:
         return escape_controls(scrub(str(exc), settings.secrets()))
 
     try:
-        code = main(settings)
+        code = _quiet_on_closed_stdout(main, settings)
     except ConfigError as exc:
         print(f"configuration error: {shown(exc)}", file=sys.stderr)
         code = EXIT_CONFIG
@@ -141,6 +142,32 @@ def run(main: Callable[[Settings], int]) -> None:
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)
+
+
+def _quiet_on_closed_stdout(main: Callable[[Settings], int], settings: Settings) -> int:
+    """``main(settings)``, its output flushed; a reader that went away (``status | head``)
+    ends it quietly, exit 0, as ``cat`` would, instead of a BrokenPipeError traceback.
+
+    The Python docs' recipe (library/signal, "Note on SIGPIPE"): stdout goes to devnull, so
+    the flush at exit cannot fail again.
+    """
+    try:
+        code = main(settings)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_OK
+    except SystemExit:  # argparse's --help and errors: their text is flushed here too
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _stdout_to_devnull()
+        raise
+    return code
+
+
+def _stdout_to_devnull() -> None:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 # -- argument types shared by the entry scripts -----------------------------------------------

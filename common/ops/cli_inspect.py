@@ -1,5 +1,5 @@
-"""The commands that look at the fleet and what came out: ``status`` (stats.py), ``export``
-(export.py) and ``dlq`` (dlq.py).
+"""The commands that look at the fleet: ``status`` (stats.py) and ``dlq`` (dlq.py); ``export``
+is common/ops/cli_export.py.
 
 Each ``*_main`` is a command of common/ops/console.py and the body of its root script.
 """
@@ -9,20 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import signal
-import sys
-from itertools import islice
-from pathlib import Path
-from typing import TextIO
 
 from common.broker.connection import connect_rabbitmq
 from common.core.config import Settings
 from common.ops import cli, dlq, stats
-from common.ops.export import FORMATS, Exporter, parse_stream_id, read_entries, since_to_stream_id
-from common.ops.export_files import read_through_files
 from common.store.connection import connect_redis
-from common.store.results import ResultStore
 
 logger = logging.getLogger(__name__)
 
@@ -50,86 +41,6 @@ def status_main(settings: Settings, argv: list[str] | None = None,
             connection.close()
     print(json.dumps(snapshot, indent=2) if args.json else stats.render(snapshot))
     return cli.EXIT_OK
-
-
-def export_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Export the results stream as JSON Lines or CSV.")
-    parser.add_argument("--format", choices=FORMATS, default="jsonl", help="default: jsonl")
-    parser.add_argument("-o", "--output", metavar="FILE",
-                        help="write to FILE (replaced) instead of stdout")
-    start = parser.add_mutually_exclusive_group()
-    start.add_argument("--from", dest="from_id", type=cli.argument(parse_stream_id),
-                       metavar="STREAM_ID", help="first stream id, inclusive (MS-SEQ or MS)")
-    start.add_argument("--since", type=cli.argument(since_to_stream_id), metavar="TIME",
-                       help="first time: ISO 8601 (no offset = UTC) or Unix epoch seconds")
-    parser.add_argument("--limit", type=cli.positive_int, metavar="N", help="stop after N records")
-    parser.add_argument("--follow", action="store_true",
-                        help="after the backlog, keep exporting new records until stopped")
-    parser.add_argument("--sink-dir", metavar="DIR", type=Path,
-                        help="read the results from the files sink writing to DIR (once it has "
-                             "written everything recorded so far) instead of the stream, which "
-                             "it trims; local mode sets it")
-    parser.add_argument("--sink-name", default="files", metavar="NAME",
-                        help="that sink's registered name (default files)")
-    args = parser.parse_args(argv)
-    if args.sink_dir is not None and not args.sink_dir.is_dir():
-        parser.error(f"argument --sink-dir: no such directory: {args.sink_dir}")
-    if args.sink_dir is not None and args.follow:
-        parser.error("argument --follow: reads the stream, not --sink-dir (the files sink "
-                     "trims the stream: read its files with zcat instead)")
-    args.start = args.from_id or args.since or "-"
-    if args.output not in (None, "-") and not Path(args.output).resolve().parent.is_dir():
-        parser.error(f"argument --output: no such directory: {Path(args.output).parent}")
-    return args
-
-
-def export(args: argparse.Namespace, store: ResultStore, out: TextIO, destination: str) -> int:
-    """Write the selected records to ``out``; returns the exit code."""
-    exporter = Exporter(out, args.format)
-    try:
-        if args.sink_dir is not None:
-            entries = read_through_files(store, args.sink_dir, args.start,
-                                         sink_name=args.sink_name)
-        else:
-            entries = read_entries(store, args.start, follow=args.follow,
-                                   before_block=out.flush)
-        exporter.write_all(islice(entries, args.limit) if args.limit else entries)
-        out.flush()
-    except BrokenPipeError:
-        # The reader went away (`export.py | head`): stop quietly, as cat does.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
-        return cli.EXIT_OK
-    except OSError as exc:
-        print(f"error: writing {destination} failed: {exc}", file=sys.stderr)
-        return cli.EXIT_PARTIAL
-    except KeyboardInterrupt:
-        if not args.follow:
-            raise
-        logger.info("follow stopped")
-    finally:
-        logger.info("exported %d records (%s) to %s; last id %s", exporter.count, args.format,
-                    destination, exporter.last_id or "-")
-    return cli.EXIT_OK
-
-
-def export_main(settings: Settings, argv: list[str] | None = None,
-                prog: str | None = None) -> int:
-    """``export.py`` / ``scrape-fleet export``."""
-    args = export_args(argv, prog)
-    store = ResultStore(connect_redis(settings), settings.results_maxlen)
-    if args.follow:
-        # docker stop / kill end a follower the way Ctrl-C does: output flushed, summary logged.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-    if args.output in (None, "-"):
-        return export(args, store, sys.stdout, "stdout")
-    try:
-        handle = open(args.output, "w", encoding="utf-8", newline="")  # noqa: SIM115
-    except OSError as exc:
-        print(f"error: cannot open --output {args.output}: {exc}", file=sys.stderr)
-        return cli.EXIT_CONFIG
-    with handle:
-        return export(args, store, handle, args.output)
 
 
 def dlq_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:

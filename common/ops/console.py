@@ -13,10 +13,9 @@ line) and returns the exit code. A subcommand's module is imported only when it 
 ``--help`` stays fast.
 
 With no connection variable set (RABBITMQ_URL, REDIS_URL or their host/port parts), the
-commands other than ``up``/``down`` use the local fleet's fleet.env
-(:func:`common.ops.fleet_dir.use_local_fleet`), and ``export`` (without ``--follow``) reads
-the results from the local files sink's parts (``--sink-dir``), since that sink trims the
-stream.
+commands other than ``up``/``down``/``config`` use the local fleet's fleet.env, or stop at
+once when that fleet is down (:func:`common.ops.local_fleet.point_at_local_fleet`); ``export``
+then reads the files sink's parts alone.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 
 from common.ops import cli
-from common.ops.fleet_dir import use_local_fleet
+from common.ops.local_fleet import point_at_local_fleet
 
 #: name: (module, function, one line of help). Local mode first, then the root scripts'.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -37,13 +36,15 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
            "start RabbitMQ, Redis, workers and the files sink here, in the background"),
     "down": ("common.ops.local_mode", "down_main",
              "stop them: workers finish their work, then sink, Redis (saved), RabbitMQ"),
+    "config": ("common.ops.fleet_settings", "config_main",
+               "show or change the settings the next `up` runs with"),
     "produce": ("common.ops.cli_seed", "produce_main", "seed URLs (producer.py)"),
     "sitemap": ("common.ops.cli_seed", "sitemap_main",
                 "seed URLs from sitemaps and feeds (sitemap_producer.py)"),
     "work": ("common.ops.cli_run", "work_main", "run one worker in the foreground (worker.py)"),
     "status": ("common.ops.cli_inspect", "status_main",
                "queues, progress, rate and ETA, workers (stats.py)"),
-    "export": ("common.ops.cli_inspect", "export_main",
+    "export": ("common.ops.cli_export", "export_main",
                "results as JSON Lines or CSV (export.py)"),
     "dlq": ("common.ops.cli_inspect", "dlq_main",
             "list, replay or purge dead letters (dlq.py)"),
@@ -53,7 +54,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "reparse": ("common.ops.reparse", "reparse_main",
                 "results again from archived WARC files, no fetching (reparse.py)"),
 }
-LOCAL_MODE = ("up", "down")
+LOCAL_MODE = ("up", "down", "config")
 
 
 def overview() -> str:
@@ -63,8 +64,8 @@ def overview() -> str:
         f"usage: scrape-fleet [-h] [--version] {{{','.join(COMMANDS)}}} ...", "",
         "A distributed web-scraping fleet on RabbitMQ and Redis.", "",
         "local mode (this machine, no Docker; Debian's rabbitmq-server and redis-server):",
-        *rows[:2], "", "commands (each also a root script, e.g. python producer.py):",
-        *rows[2:], "",
+        *rows[:3], "", "commands (each also a root script, e.g. python producer.py):",
+        *rows[3:], "",
         "`scrape-fleet COMMAND --help` shows a command's options. Settings are environment",
         "variables (README, Configuration). When none of RABBITMQ_URL, REDIS_URL or their",
         "host/port parts is set, commands use the fleet `up` started: DIR/fleet.env, with DIR",
@@ -89,9 +90,7 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(cli.EXIT_CONFIG)
     if name not in LOCAL_MODE:
-        local = use_local_fleet(os.environ)
-        if local is not None and name == "export" and "--follow" not in rest:
-            rest = ["--sink-dir", os.environ["SINK_DIR"], *rest]  # the user's own one wins
+        rest = point_at_local_fleet(name, rest, os.environ)
     module, function, _help = COMMANDS[name]
     command = getattr(importlib.import_module(module), function)
     cli.run(partial(command, argv=rest, prog=f"scrape-fleet {name}"))

@@ -109,6 +109,23 @@ def read_through_files(store: ResultStore, directory: Path, start: str = "-", *,
         yield ident, record
 
 
+def sink_reads(client: redis.Redis, sink_name: str = "files") -> bool:
+    """Whether a sink named ``sink_name`` reads the results stream (its consumer group is
+    there).
+
+    Raises:
+        ServiceUnavailable: Redis failed.
+    """
+    try:
+        groups = client.xinfo_groups(RESULTS_STREAM)
+    except redis.ResponseError:
+        return False  # no stream yet
+    except redis.RedisError as exc:
+        raise ServiceUnavailable(f"Redis failed while reading {RESULTS_STREAM}: "
+                                 f"{type(exc).__name__}: {exc}") from None
+    return sink_group(sink_name) in {_text(g["name"]) for g in groups}
+
+
 def _wait_written(client: redis.Redis, group: str, wait_s: float) -> StreamId:
     """The stream's newest id, once ``group`` has acknowledged everything up to it."""
     try:

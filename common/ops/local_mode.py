@@ -7,7 +7,9 @@ as it runs (so ``down`` can stop a half-started fleet): RabbitMQ from Debian's s
 free, else free ports), Redis with an AOF and a password, the files sink (registered before any
 result, so the streams keep every entry until it is in the files), then the workers. It waits
 for each (the sink's registration, the workers' heartbeats), writes fleet.env and prints how to
-seed, watch, export and stop. Everything lives in one directory (:mod:`common.ops.fleet_dir`),
+seed, watch, export and stop, and the settings it runs with: those kept in settings.env from
+the last run, updated by the environment, ``--set`` and ``--allow-network``
+(:mod:`common.ops.fleet_settings`), and kept again for the next. Everything lives in one directory (:mod:`common.ops.fleet_dir`),
 kept between runs: queued URLs, results and the seen-set are there again after the next ``up``.
 
 ``down`` stops in the order that loses nothing: the workers get SIGTERM and finish what they
@@ -36,16 +38,10 @@ from urllib.parse import quote, unquote, urlsplit
 
 import redis
 
-from common.core.config import KNOBS, Settings
+from common.core.config import Settings
 from common.ops import cli
-from common.ops.fleet_dir import (
-    DIR_VARIABLE,
-    LOCAL_VARIABLES,
-    PER_PROCESS,
-    FleetDir,
-    Proc,
-    default_dir,
-)
+from common.ops.fleet_dir import DIR_VARIABLE, LOCAL_VARIABLES, FleetDir, Proc, default_dir
+from common.ops.fleet_settings import SETTABLE, assignment, described, run_settings, running_text
 from common.ops.rabbit_node import RabbitNode
 from common.ops.servers import (
     ServicesUnavailable,
@@ -83,6 +79,14 @@ def _args(argv: list[str] | None, prog: str | None, down: bool) -> argparse.Name
                             help="worker processes (default 2)")
         parser.add_argument("--any-port", action="store_true",
                             help="free loopback ports instead of 5672, 15672 and 6379")
+        parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                            help="a setting (README's configuration table), kept for the next "
+                                 "runs in DIR/settings.env (repeatable; `scrape-fleet config` "
+                                 "shows and changes them)")
+        parser.add_argument("--allow-network", action="append", default=[], metavar="CIDR",
+                            help="let fetches reach this non-public network, e.g. 127.0.0.0/8 "
+                                 "for a site on this machine (added to FETCH_ALLOW_NETWORKS, "
+                                 "kept; repeatable)")
     args = parser.parse_args(argv)
     args.fleet = FleetDir((args.dir or default_dir()).expanduser().resolve())
     return args
@@ -92,11 +96,16 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
     """``scrape-fleet up``."""
     args = _args(argv, prog, down=False)
     fleet: FleetDir = args.fleet
+    values = run_settings(fleet.read_settings(), os.environ,
+                          [assignment(text) for text in args.set], args.allow_network)
     procs, state = fleet.read_state()
     running = [p for p in procs if p.alive]
     if running:
         if len(running) == len(procs):
             print(started_text(fleet, int(str(state.get("workers", 0))), already=True))
+            if values != fleet.read_settings():
+                fleet.write_settings(values)
+                print(f"settings saved in {fleet.settings_file}: {running_text(fleet)}")
             return cli.EXIT_OK
         dead = ", ".join(p.name for p in procs if not p.alive)
         print(f"the fleet in {fleet.path} is partly up ({dead} not running): "
@@ -104,11 +113,12 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
         return cli.EXIT_PARTIAL
     binaries = find_binaries()
     fleet.create()
+    fleet.write_settings(values)
     node = _node(fleet, binaries, any_port=args.any_port)
     started: list[Proc] = []
     state = {"node": node.nodename, "workers": args.workers}
     try:
-        print(f"starting RabbitMQ {node.nodename} (takes 5-20 s)...", flush=True)
+        print(f"starting RabbitMQ {node.nodename} (takes 5-20 s)...", file=sys.stderr)
         started.append(Proc.of("rabbitmq", node.launch(fleet.logs / "rabbitmq.out").pid))
         fleet.write_state(started, **state)
         password = secrets.token_urlsafe(18)
@@ -121,8 +131,7 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
         started.append(Proc.of("redis", start_redis(cmd, client, timeout_s=30).pid))
         fleet.write_state(started, **state)
         user, secret = (quote(part, safe="") for part in node.management_auth)
-        env = {knob.env: os.environ[knob.env] for knob in KNOBS if knob.env in os.environ
-               and knob.env not in (*LOCAL_VARIABLES, *PER_PROCESS)}
+        env = dict(values)
         env |= {"RABBITMQ_URL": node.url, "REDIS_URL": redis_url,
                "RABBITMQ_MANAGEMENT_URL": f"http://{user}:{secret}@127.0.0.1:"
                                           f"{node.management_port}",
@@ -305,5 +314,8 @@ def started_text(fleet: FleetDir, workers: int, *, already: bool = False) -> str
         f"{unquote(ui.username or '')}  password: RABBITMQ_MANAGEMENT_URL in {fleet.env_file}",
         f"  AMQP 127.0.0.1:{amqp.port}, Redis 127.0.0.1:{store.port} (URLs in {fleet.env_file})",
         f"  logs: {fleet.logs}/  results (gzip JSON Lines): {fleet.results}/",
+        f"settings (kept for the next up in {fleet.settings_file}; `scrape-fleet config set "
+        "KEY=VALUE` changes them):",
+        *described({k: v for k, v in env.items() if k in SETTABLE}, fleet),
         "next:", *(f"  {command:<{width}}# {why}" for command, why in steps),
     ])

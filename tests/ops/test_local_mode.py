@@ -152,6 +152,8 @@ def test_commands_use_the_local_fleets_settings_unless_a_connection_variable_is_
     fleet.create()
     fleet.write_env({"RABBITMQ_URL": "amqp://u:p@127.0.0.1:5999/%2F", "RATE_LIMIT": "5/second",
                      "SINK_DIR": str(tmp_path / "with space")})
+    me = Proc.of("rabbitmq", os.getpid())  # any live process: the check is by pid
+    fleet.write_state([me, Proc("redis", me.pid, me.start)])
     assert oct(fleet.env_file.stat().st_mode & 0o777) == "0o600"
 
     environ = {"SCRAPE_FLEET_DIR": str(tmp_path), "RATE_LIMIT": "1/second"}

@@ -9,6 +9,11 @@
 #   2. .venv with requirements-dev.lock: every package pinned with its sha256 hashes, checked by
 #      pip (--require-hashes), wheels only; re-installed only when a lock changes. The locks are
 #      generated from requirements.txt and requirements-dev.txt (see requirements.txt's header).
+#      .venv is made on the oldest supported Python at hand, so that the suite (and CI, a fresh
+#      Debian 12 whose `python3` on PATH is a newer pyenv build) proves it: the distribution's
+#      /usr/bin/python3 (Debian 12: 3.11.2, Ubuntu 24.04: 3.12) when it is 3.11 or later, else
+#      `python3` on PATH. FLEET_PYTHON=/path/to/python chooses another. An existing .venv is kept
+#      whatever it runs on (it says so); `rm -rf .venv` and run again to make it anew.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -25,8 +30,28 @@ have docker-compose || missing+=(docker-compose)
 have kubectl || missing+=(kubernetes-client)
 have nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 have strace || missing+=(strace)  # tests/ops/test_local_secrets.py traces every execve
+# The oldest supported Python is 3.11 (pyproject.toml's requires-python).
+python_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; }
+if [ -n "${FLEET_PYTHON:-}" ]; then
+    python_ok "$FLEET_PYTHON" || {
+        echo "bootstrap: FLEET_PYTHON=$FLEET_PYTHON is not a Python 3.11 or later" >&2
+        exit 1
+    }
+    venv_python=$FLEET_PYTHON
+elif python_ok /usr/bin/python3; then
+    venv_python=/usr/bin/python3
+elif python_ok python3; then
+    venv_python=python3
+else
+    echo "bootstrap: need Python 3.11 or later: /usr/bin/python3 and python3 are older" >&2
+    exit 1
+fi
 venv_package=()
-python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || venv_package=(python3-venv)
+# Debian and Ubuntu ship venv's pip (ensurepip) for /usr/bin/python3 in python3-venv.
+if [ ! -x .venv/bin/python ] && ! "$venv_python" -c 'import ensurepip, venv' >/dev/null 2>&1
+then
+    venv_package=(python3-venv)
+fi
 
 if [ "${#missing[@]}" -gt 0 ] || [ "${#venv_package[@]}" -gt 0 ]; then
     sudo_cmd=()
@@ -51,10 +76,18 @@ else
 fi
 
 if [ ! -x .venv/bin/python ]; then
-    log "creating .venv with $(python3 --version)"
-    python3 -m venv .venv
+    log "creating .venv with $venv_python ($("$venv_python" --version))"
+    "$venv_python" -m venv .venv
 else
-    log ".venv exists"
+    version='import sys; print(sys.version.split()[0], "from", sys.base_prefix)'
+    running="$(.venv/bin/python -c "$version")"
+    wanted_python="$("$venv_python" -c "$version")"
+    if [ "$running" = "$wanted_python" ]; then
+        log ".venv exists (Python $running)"
+    else
+        log ".venv exists with Python $running, not $wanted_python ($venv_python):" \
+            "kept; rm -rf .venv and run again to make it anew"
+    fi
 fi
 
 stamp=.venv/.requirements-dev.sha256

@@ -1,7 +1,10 @@
 """A newcomer's five minutes, as one test: ``pip install`` the package into a fresh venv, then
-``scrape-fleet --help``, ``up`` with 2 workers, a URL list from a file crawled from a loopback
-test site, ``status`` with progress and an ETA, ``export`` to JSON Lines, ``down``, and
-nothing left running. Then the pieces it rests on, without servers.
+``scrape-fleet --help``, a setting kept with ``config set``, ``up`` with 2 workers and the
+loopback test site allowed (``--allow-network``), a URL list from a file crawled from it,
+``status`` with progress and an ETA, ``export`` to JSON Lines, ``down``; then, with the fleet
+down, ``status`` failing at once and ``export`` reading the sink's files; a plain ``up`` that
+runs with the same settings, and nothing left running after the last ``down``. Then the
+pieces it rests on, without servers.
 
 The venv is built once per session in a temp dir, the way the README says: the hash-checked
 lock, then ``pip install --no-deps`` of a copy of only what the package needs (pyproject.toml,
@@ -17,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -78,8 +82,9 @@ def test_a_newcomer_installs_starts_crawls_a_url_file_watches_exports_and_stops(
     work.mkdir()
     env = {k: v for k, v in os.environ.items()
            if k not in (*CONNECTION_VARIABLES, "PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(SCRAPE_FLEET_DIR=str(fleet_dir), FETCH_ALLOW_NETWORKS="127.0.0.0/8",
-               RATE_LIMIT="40/second", LOG_LEVEL="WARNING",
+    for name in ("FETCH_ALLOW_NETWORKS", "RATE_LIMIT"):  # from config and up's flags only
+        env.pop(name, None)
+    env.update(SCRAPE_FLEET_DIR=str(fleet_dir), LOG_LEVEL="WARNING",
                PATH=f"{fresh_venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
 
     def fleet(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -95,49 +100,90 @@ def test_a_newcomer_installs_starts_crawls_a_url_file_watches_exports_and_stops(
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0 and f"usage: scrape-fleet {name}" in out, err
 
+    def unread(*args: str) -> tuple[int, str]:
+        """``scrape-fleet ARGS | head`` at its worst: the reader is gone before any output."""
+        proc = subprocess.Popen(["scrape-fleet", *args], cwd=work, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        return proc.wait(120), proc.stderr.read()
+
+    kept = fleet("config", "set", "RATE_LIMIT=40/second")
+    assert kept.returncode == 0 and "takes effect at the next `scrape-fleet up`" in kept.stdout
     site = TestSite(pages=PAGES).start()
     urls = [site.page_url(n) for n in range(1, PAGES + 1)]
-    (work / "urls.txt").write_text("# my URLs\n\n" + "\n".join(urls) + "\n", encoding="utf-8")
+    first, last = urls[:-1], urls[-1]  # the last one is crawled after a down and an up
+    (work / "urls.txt").write_text("# my URLs\n\n" + "\n".join(first) + "\n", encoding="utf-8")
     procs: list = []
     try:
-        up = fleet("up", "--workers", "2", "--any-port", timeout_s=300)
+        up = fleet("up", "--workers", "2", "--any-port", "--allow-network", "127.0.0.0/8",
+                   timeout_s=300)
         procs, _state = FleetDir(fleet_dir).read_state()
         assert up.returncode == 0, up.stdout + up.stderr
         assert "RabbitMQ management UI: http://localhost:" in up.stdout and "password" in up.stdout
         management = FleetDir(fleet_dir).read_env()["RABBITMQ_MANAGEMENT_URL"]
         assert unquote(urlsplit(management).password) not in up.stdout  # never printed
         assert "scrape-fleet produce -f urls.txt" in up.stdout
+        assert "  RATE_LIMIT=40/second\n" in up.stdout
+        assert "  FETCH_ALLOW_NETWORKS=127.0.0.0/8\n" in up.stdout
+        assert unread("up") == (0, "")  # already up: it prints where everything is
         assert sorted(p.name for p in procs) == ["rabbitmq", "redis", "sink", "worker-1",
                                                  "worker-2"]
         assert all(p.alive for p in procs)
 
         produced = fleet("produce", "-f", "urls.txt")
-        assert produced.returncode == 0 and f"new={PAGES}" in produced.stdout, produced.stderr
+        assert produced.returncode == 0 and f"new={PAGES - 1}" in produced.stdout, \
+            produced.stderr
 
         status = fleet("status", "--json")
         assert status.returncode == 0, status.stderr
         progress = json.loads(status.stdout)["progress"]
-        assert progress["total"] >= PAGES and progress["to_do"] > 0, progress
+        assert progress["total"] >= PAGES - 1 and progress["to_do"] > 0, progress
         assert progress["outcomes_per_s"] > 0 and progress["eta_s"] > 0, progress
         table = fleet("status").stdout
         assert "progress: " in table and " done (" in table and "| ETA " in table, table
+        assert unread("status") == (0, "")
 
-        def finished() -> bool:
+        def finished(done: int) -> bool:
             now = json.loads(fleet("status", "--json").stdout)["progress"]
-            return now["done"] == PAGES and now["to_do"] == 0
+            return now["done"] == done and now["to_do"] == 0
 
-        assert wait_for(finished, 120, step_s=1.0)
+        assert wait_for(lambda: finished(PAGES - 1), 120, step_s=1.0)
         exported = fleet("export", "-o", "results.jsonl")
         assert exported.returncode == 0, exported.stderr
+        assert "export: from the files sink's parts in " in exported.stderr
         lines = (work / "results.jsonl").read_text(encoding="utf-8").splitlines()
         records = [json.loads(line) for line in lines]
-        assert len(records) == PAGES and sorted(r["url"] for r in records) == sorted(urls)
+        assert len(records) == PAGES - 1 and sorted(r["url"] for r in records) == sorted(first)
         assert all(r["status"] == 200 and r["id"] for r in records)
+
+        stopped = fleet("down", timeout_s=300)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        began = time.monotonic()
+        down_status = fleet("status")
+        assert time.monotonic() - began < 5 and down_status.returncode == 3
+        assert "the local fleet is down: `scrape-fleet up`" in down_status.stderr
+        offline = fleet("export", "-o", "offline.jsonl")
+        assert offline.returncode == 0, offline.stderr
+        assert "alone, without Redis" in offline.stderr
+        assert (work / "offline.jsonl").read_text(encoding="utf-8").splitlines() == lines
+
+        again = fleet("up", "--workers", "1", "--any-port", timeout_s=300)
+        procs, _state = FleetDir(fleet_dir).read_state()
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "  RATE_LIMIT=40/second\n" in again.stdout
+        assert "  FETCH_ALLOW_NETWORKS=127.0.0.0/8\n" in again.stdout
+        assert fleet("produce", last).returncode == 0
+
+        def fetched() -> bool:  # a result, not a fetch_blocked dead letter: still allowed
+            return last in fleet("export").stdout
+
+        assert wait_for(fetched, 60, step_s=1.0)
     finally:
         down = fleet("down", timeout_s=300)
         site.stop()
     assert down.returncode == 0, down.stdout + down.stderr
-    assert "workers: 2 of 2 finished their work and stopped" in down.stdout
+    assert "workers: 1 of 1 finished their work and stopped" in down.stdout
     assert "redis: saved and stopped" in down.stdout and "rabbitmq: stopped" in down.stdout
     assert procs and not [p for p in procs if p.alive]
     assert not _processes_naming(str(fleet_dir))

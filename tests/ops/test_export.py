@@ -20,7 +20,9 @@ from common.ops.export import (
     read_entries,
     since_to_stream_id,
 )
-from common.store.keys import RESULTS_STREAM
+from common.sink.files import FileSink
+from common.sink.reader import Entry
+from common.store.keys import RESULTS_STREAM, sink_group
 from common.store.results import ResultStore, encode
 from tests.helpers import REPO_ROOT, TEST_ENV, wait_for
 
@@ -297,3 +299,57 @@ def test_follow_cli_exports_records_added_after_it_started(settings, redis_clien
             proc.wait()
     assert [line["url"] for line in jsonl(target.read_text())] == [page(1)["url"],
                                                                      page(2)["url"]]
+
+
+# -- where the records come from: the files sink's parts (SINK_DIR) or the stream -------------
+
+def _sink_wrote(client, directory, ids_and_records: list[tuple[str, dict]]) -> None:
+    """What a files sink leaves: the records in its parts, acknowledged through its group
+    (delivered up to the last, nothing pending), and the stream trimmed past them."""
+    store_at(client, ids_and_records)
+    sink = FileSink(directory, rotate_bytes=1 << 20, rotate_s=3600, name="files")
+    sink.write([Entry(RESULTS_STREAM, entry_id, record) for entry_id, record in ids_and_records])
+    sink.close()
+    client.xgroup_create(RESULTS_STREAM, sink_group("files"), id=ids_and_records[-1][0])
+    client.xtrim(RESULTS_STREAM, minid="9999999999999-0")
+
+
+def test_export_reads_the_sinks_parts_in_sink_dir_where_the_stream_is_trimmed(
+        redis_client, run_cli, tmp_path):
+    written = [("1000-0", page(0)), ("2000-0", page(1))]
+    _sink_wrote(redis_client, tmp_path, written)
+    assert redis_client.xlen(RESULTS_STREAM) == 0
+
+    result = run_cli("export.py", env={"SINK_DIR": str(tmp_path)})
+
+    assert result.returncode == 0, result.stderr
+    assert f"export: from the files sink's parts in {tmp_path}, once the sink" in result.stderr
+    assert [line["id"] for line in jsonl(result.stdout)] == ["1000-0", "2000-0"]
+    from_stream = run_cli("export.py")  # SINK_DIR unset: the trimmed stream
+    assert from_stream.stdout == "" and "from the Redis stream `results`" in from_stream.stderr
+
+
+def test_export_falls_back_to_the_stream_when_no_files_sink_reads_it_and_says_so(
+        redis_client, run_cli, tmp_path):
+    sink = FileSink(tmp_path, rotate_bytes=1 << 20, rotate_s=3600, name="files")
+    sink.write([Entry(RESULTS_STREAM, "500-0", page(9))])  # an old run's part
+    sink.close()
+    store_at(redis_client, [("1000-0", page(0))])
+
+    result = run_cli("export.py", env={"SINK_DIR": str(tmp_path)})
+
+    assert result.returncode == 0, result.stderr
+    assert "from the Redis stream `results`: no sink named 'files' reads it" in result.stderr
+    assert [line["id"] for line in jsonl(result.stdout)] == ["1000-0"]
+
+
+def test_files_only_reads_the_parts_without_any_redis(tmp_path):
+    sink = FileSink(tmp_path, rotate_bytes=1 << 20, rotate_s=3600, name="files")
+    sink.write([Entry(RESULTS_STREAM, f"{n}000-0", page(n)) for n in (1, 2, 3)])
+    sink.close()
+    began = time.monotonic()
+    result = _run_export("--files-only", "--since", "2", "--sink-dir", str(tmp_path),
+                         env={"REDIS_URL": "redis://127.0.0.1:1/0"})  # nothing listens there
+    assert result.returncode == 0 and time.monotonic() - began < 10, result.stderr
+    assert "alone, without Redis" in result.stderr
+    assert [line["id"] for line in jsonl(result.stdout)] == ["2000-0", "3000-0"]

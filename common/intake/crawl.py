@@ -33,6 +33,7 @@ import redis
 
 from common.core.config import Settings
 from common.core.urls import domain_of, setting_host
+from common.intake.hosts import HostCheck
 from common.intake.producer import Producer, ProduceSummary
 from common.store.keys import crawl_pages_key
 from common.web.robots import RobotsRules
@@ -74,7 +75,10 @@ class ThreadProducers:
     def get(self) -> Producer:
         producer = getattr(self._local, "producer", None)
         if producer is None:
-            producer = Producer(self.settings, self.client)
+            # Literal addresses the guard blocks are not queued (no dead letter per page
+            # linking them); names are left to the fetch: a lookup here would stall the loop.
+            producer = Producer(self.settings, self.client,
+                                hosts=HostCheck.from_settings(self.settings, resolve=False))
             self._local.producer = producer
             with self._lock:
                 self._producers.append(producer)

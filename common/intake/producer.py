@@ -2,15 +2,22 @@
 
 ``producer.py``, ``sitemap_producer.py`` and crawl mode all go through :class:`Producer`.
 
-Per batch of ``PRODUCER_BATCH`` URLs: one Redis pipeline asks which fingerprints are already
-seen, the new URLs are published persistently without waiting on each confirm, the batch's
-confirms are awaited together, and only then does a second pipeline mark the confirmed ones as
-seen. So no URL is ever marked seen without a confirmed message, whenever the producer dies
-(kill -9, OOM kill): running the same input again publishes what was not marked. The price is
-a rare duplicate message (two producers, or a rerun, publishing the same URL in the same
-moment), which the workers' done-set turns into exactly one result. A publish that is not
-confirmed (nack, unroutable, channel lost) is retried on a fresh connection, and a URL that
-never gets through is left unmarked and counted as failed.
+Per batch of ``PRODUCER_BATCH`` URLs: one Lua call asks which fingerprints are already seen
+and claims the others (``claim:{fp}``, a lease: the producer's own token, or in crawl mode the
+page's), the new URLs are published persistently without waiting on each confirm, the batch's
+confirms are awaited together, and only then does a second call mark the confirmed ones as seen
+and drop their claims. So no URL is ever marked seen without a confirmed message, whenever the
+producer dies (kill -9, OOM kill): running the same input again publishes what was not marked
+(a producer takes another producer's claims over). And no worker sees a new URL unclaimed: a
+page linking a seed whose confirm is on its way counts it as a duplicate, so a seed is fetched
+once (NOTES.md #5). The price is a rare duplicate message (two producers, or a rerun, publishing
+the same URL in the same moment), which the workers' done-set turns into exactly one result. A
+publish that is not confirmed (nack, unroutable, channel lost) is retried on a fresh connection,
+and a URL that never gets through is left unmarked, its claim dropped, and counted as failed.
+
+URLs whose host the fetch address guard refuses (FETCH_ALLOW_NETWORKS) are reported, not
+queued and not marked seen, when the producer is given a :class:`HostCheck`
+(common/intake/hosts.py): the seeding commands, and crawl mode for literal addresses.
 
 Fairness (common/intake/defer.py): before publishing, one more Lua call gives each URL its
 domain's next release slot; URLs due later than DEFER_LEAD_S are written to Redis instead
@@ -41,8 +48,9 @@ from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, InvalidURL, ServiceUnavailable
 from common.core.urls import Fingerprint, canonicalize, domain_of, fingerprint
 from common.intake.defer import Deferral, Pending
+from common.intake.hosts import HostCheck, Refused
 from common.intake.routing import Router
-from common.store.dedupe import Claims, SeenSet
+from common.store.dedupe import PRODUCER_TOKEN_PREFIX, Claims, SeenSet
 from common.store.keys import COUNTERS
 
 logger = logging.getLogger(__name__)
@@ -63,6 +71,7 @@ class ProduceSummary:
     over_budget: int = 0
     deferred: int = 0  #: of ``new``: waiting in Redis for their turn (common/intake/defer.py)
     per_queue: Counter[str] = field(default_factory=Counter)
+    refused: Refused = field(default_factory=Refused)  #: hosts the address guard blocks
 
     def merge(self, other: ProduceSummary) -> None:
         self.read += other.read
@@ -73,16 +82,18 @@ class ProduceSummary:
         self.over_budget += other.over_budget
         self.deferred += other.deferred
         self.per_queue.update(other.per_queue)
+        self.refused.merge(other.refused)
 
     def line(self) -> str:
         queues = " ".join(f"{q}={self.per_queue.get(q, 0)}" for q in topology.WORK_QUEUES)
+        refused = f" refused={self.refused.count}" if self.refused.count else ""
         return (f"read={self.read} new={self.new} duplicate={self.duplicate} "
-                f"invalid={self.invalid} failed={self.failed} {queues}")
+                f"invalid={self.invalid} failed={self.failed}{refused} {queues}")
 
     def as_dict(self) -> dict[str, Any]:
         return {"read": self.read, "new": self.new, "duplicate": self.duplicate,
                 "invalid": self.invalid, "failed": self.failed, "over_budget": self.over_budget,
-                "deferred": self.deferred,
+                "deferred": self.deferred, "refused": self.refused.count,
                 "per_queue": {q: self.per_queue.get(q, 0) for q in topology.WORK_QUEUES}}
 
 
@@ -116,10 +127,13 @@ class Producer:
     """Feeds URLs into the queues. Owns one AMQP connection; borrows a Redis client."""
 
     def __init__(self, settings: Settings, redis_client: redis.Redis,
-                 router: Router | None = None) -> None:
+                 router: Router | None = None, hosts: HostCheck | None = None) -> None:
+        """``hosts``: refuse URLs the fetch address guard blocks (default: no check)."""
         self.settings = settings
         self.seen = SeenSet(redis_client, settings.seen_buckets)
         self.claims = Claims(redis_client)
+        self.token = f"{PRODUCER_TOKEN_PREFIX}{uuid.uuid4().hex}"  # this producer's claims
+        self.hosts = hosts
         self.deferral = Deferral(settings, redis_client)
         self.router = router or Router.from_setting(settings.routing_rules)
         self._connection: pika.BlockingConnection | None = None
@@ -162,8 +176,9 @@ class Producer:
                 URLs it rejects (e.g. over a per-domain page budget) are released from the
                 seen-set again and counted as ``over_budget``.
             claim_token: claim each new URL for this token before publishing it (crawl mode:
-                the page's own token), so that concurrent producers publish a URL once; URLs
-                claimed by another token count as duplicates.
+                the page's own token); URLs claimed by another token count as duplicates.
+                Without it the producer claims them with its own token, taking over the
+                claims of other producers (a rerun after a kill) but not those of pages.
             extra: fields added to every message (a redirect target's ``scope`` and
                 ``redirected_from``).
 
@@ -190,6 +205,9 @@ class Producer:
                 invalid.append((raw, str(exc)))
                 continue
             candidates.append((url, fingerprint(url)))
+        if self.hosts is not None and candidates:
+            # Never claimed nor marked seen: allowed later, produced again, they are new.
+            candidates = self.hosts.keep_allowed(candidates, summary.refused)
 
         try:
             fresh = self._unseen(candidates, recrawl, claim_token)
@@ -205,9 +223,11 @@ class Producer:
             route = self.router.route(url, force_priority=force_priority)
             accepted.append(_Accepted(url, fp, route.queue, route.ttl_ms, depth,
                                       uuid.uuid4().hex[:16] if recrawl else None, extra))
+        unpublished: list[_Accepted] = []
         if keep is not None and accepted:
             verdicts = keep([item.url for item in accepted])
             summary.over_budget = verdicts.count(False)
+            unpublished = [item for item, ok in zip(accepted, verdicts, strict=True) if not ok]
             accepted = [item for item, ok in zip(accepted, verdicts, strict=True) if ok]
 
         summary.invalid = len(invalid)
@@ -221,7 +241,10 @@ class Producer:
             # leaves the URLs unmarked, and running the same input again publishes them again
             # (a message that did get through before the kill ends "already done" at the worker).
             self._mark_seen([item.fp for item in (*deferred.values(), *published)],
-                            claimed=claim_token is not None)
+                            claimed=not recrawl)
+            if unpublished or failed:
+                self.claims.release([item.fp for item in (*unpublished, *failed)],
+                                    claim_token or self.token)
             if invalid:
                 # Counted like the workers' dead letters, so the status view sees them too.
                 self.seen.client.hincrby(COUNTERS, f"dead_lettered:{InvalidURL.reason}",
@@ -251,23 +274,20 @@ class Producer:
 
     def _unseen(self, candidates: list[tuple[str, Fingerprint]], recrawl: bool,
                 claim_token: str | None) -> list[bool]:
-        """Which candidates to publish: not seen yet (or a recrawl), and claimed when a
-        ``claim_token`` is given. Two round trips at most."""
-        fps = [fp for _, fp in candidates]
-        fresh = [True] * len(fps) if recrawl else [not s for s in self.seen.contains_many(fps)]
-        if claim_token is not None and not recrawl:
-            wanted = [fp for fp, new in zip(fps, fresh, strict=True) if new]
-            held = iter(self.claims.take(wanted, claim_token))
-            fresh = [new and next(held) for new in fresh]
-        return fresh
+        """Which candidates to publish: a recrawl's all, else those not seen yet, claimed for
+        ``claim_token`` (a page's) or this producer's token, in one atomic round trip."""
+        if recrawl:
+            return [True] * len(candidates)
+        return self.claims.take_unseen(
+            self.seen, [fp for _, fp in candidates], claim_token or self.token,
+            take_over="" if claim_token else PRODUCER_TOKEN_PREFIX)
 
     def _mark_seen(self, fps: list[Fingerprint], *, claimed: bool) -> None:
-        """Mark confirmed URLs as seen (one script call), then drop their claims (crawl mode)."""
-        if not fps:
-            return
-        self.seen.add_many(fps)
+        """Mark confirmed URLs as seen and drop their claims (one script call)."""
         if claimed:
-            self.seen.client.delete(*self.claims.keys(fps))
+            self.claims.mark_seen(self.seen, fps)
+        else:
+            self.seen.add_many(fps)
 
     def _publish_with_retries(self, accepted: list[_Accepted], invalid: list[tuple[str, str]]
                               ) -> tuple[list[_Accepted], list[_Accepted]]:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from common.core.config import Settings
 from common.core.errors import InvalidURL
 from common.core.urls import canonicalize
+from common.intake.hosts import HostCheck
 from common.intake.producer import Producer, ProduceSummary
 from common.intake.sitemaps import SitemapReader, SiteReport, parse_since, produce_site
 from common.ops import cli
@@ -71,11 +72,24 @@ def produce_main(settings: Settings, argv: list[str] | None = None,
             print(f"error: no such file: {path}", file=sys.stderr)
             return cli.EXIT_CONFIG
     redis_client = connect_redis(settings)
-    with Producer(settings, redis_client) as producer, Progress(None, "seeding") as progress:
-        summary = producer.submit(progress.track(iter_inputs(args)),
-                                  force_priority=args.priority, recrawl=args.recrawl)
+    hosts = HostCheck.from_settings(settings)
+    try:
+        with (Producer(settings, redis_client, hosts=hosts) as producer,
+              Progress(None, "seeding") as progress):
+            summary = producer.submit(progress.track(iter_inputs(args)),
+                                      force_priority=args.priority, recrawl=args.recrawl)
+    finally:
+        hosts.close()
     print(json.dumps(summary.as_dict()) if args.json else summary.line())
-    return cli.EXIT_PARTIAL if summary.failed else cli.EXIT_OK
+    return _refused_said(summary)
+
+
+def _refused_said(summary: ProduceSummary) -> int:
+    """Tell stderr which URLs the address guard refused and how to retry them; the exit
+    code: partial when some URL was refused or not published."""
+    if summary.refused.count:
+        print(summary.refused.hint(), file=sys.stderr)
+    return cli.EXIT_PARTIAL if summary.failed or summary.refused.count else cli.EXIT_OK
 
 
 def sitemap_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
@@ -114,7 +128,8 @@ def sitemap_main(settings: Settings, argv: list[str] | None = None,
     redis_client = connect_redis(settings)
     reader = SitemapReader(settings, redis_client)
     reports: list[SiteReport] = []
-    with Producer(settings, redis_client) as producer:
+    hosts = HostCheck.from_settings(settings)
+    with Producer(settings, redis_client, hosts=hosts) as producer:
         for target in args.targets:
             with Progress(None, f"sitemaps {target}") as progress:
                 report = produce_site(target, reader, producer, since=args.since,
@@ -122,11 +137,13 @@ def sitemap_main(settings: Settings, argv: list[str] | None = None,
                                       on_progress=_advancing(progress))
             print(json.dumps(report.as_dict()) if args.json else report.line(), flush=True)
             reports.append(report)
+    hosts.close()
+    total = ProduceSummary()
+    for report in reports:
+        total.merge(report.summary)
     if len(reports) > 1 and not args.json:
-        total = ProduceSummary()
-        for report in reports:
-            total.merge(report.summary)
         print(f"total sites={len(reports)} sitemaps={sum(r.sitemaps for r in reports)} "
               f"errors={sum(len(r.errors) for r in reports)} "
               f"filtered={sum(r.filtered for r in reports)} {total.line()}")
-    return cli.EXIT_PARTIAL if any(r.failed for r in reports) else cli.EXIT_OK
+    refused = _refused_said(total)
+    return cli.EXIT_PARTIAL if any(r.failed for r in reports) else refused

@@ -114,6 +114,10 @@ class DoneSet:
 #: How long a claim keeps other pages off a URL; far longer than publishing a batch.
 CLAIM_TTL_MS = 120_000
 
+#: A producer's own token (``producer:{id}``, one per :class:`common.intake.producer.Producer`)
+#: starts so: another producer takes such a claim over, a page never does.
+PRODUCER_TOKEN_PREFIX = "producer:"
+
 # Each KEYS[i] is claim:{fp}. ARGV[1] token, ARGV[2] ttl ms. Returns 1 per key the caller
 # holds now (newly claimed, or already claimed with the same token), else 0.
 CLAIM_LUA = """
@@ -131,16 +135,73 @@ end
 return held
 """
 
+# The seen check and the claim in one atomic step, so no claim is taken on a URL that another
+# caller marked seen (and dropped its claim) between a separate check and claim.
+# KEYS[2i-1] the seen bucket of URL i, KEYS[2i] its claim:{fp}. ARGV[1] token, ARGV[2] ttl ms,
+# ARGV[3] the token prefix the caller may take over ('' for none), ARGV[3+i] URL i's member.
+# Returns 1 per URL the caller holds now (not seen; claimed by it, newly, again or taken
+# over), else 0 (seen, or claimed by another).
+CLAIM_UNSEEN_LUA = """
+local held = {}
+local prefix = ARGV[3]
+for i = 1, #KEYS / 2 do
+  local claim = KEYS[2 * i]
+  if redis.call('SISMEMBER', KEYS[2 * i - 1], ARGV[3 + i]) == 1 then
+    held[i] = 0
+  elseif redis.call('SET', claim, ARGV[1], 'NX', 'PX', ARGV[2]) then
+    held[i] = 1
+  else
+    local holder = redis.call('GET', claim)
+    if holder == ARGV[1] or (prefix ~= '' and string.sub(holder, 1, #prefix) == prefix) then
+      redis.call('SET', claim, ARGV[1], 'PX', ARGV[2])
+      held[i] = 1
+    else
+      held[i] = 0
+    end
+  end
+end
+return held
+"""
+
+# Confirmed URLs: mark each seen, then drop its claim, in one step (no moment where a URL is
+# neither seen nor claimed). KEYS as CLAIM_UNSEEN_LUA, ARGV[i] URL i's member.
+SEEN_UNCLAIM_LUA = """
+for i = 1, #KEYS / 2 do
+  redis.call('SADD', KEYS[2 * i - 1], ARGV[i])
+  redis.call('DEL', KEYS[2 * i])
+end
+return #KEYS / 2
+"""
+
+# Each KEYS[i] is claim:{fp}; ARGV[1] token. Drops the claims the token still holds.
+RELEASE_LUA = """
+local dropped = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then dropped = dropped + redis.call('DEL', key) end
+end
+return dropped
+"""
+
 
 class Claims:
-    """Short-lived claims on URLs being published, so that two pages linking the same new URL
-    at the same moment publish it once (crawl mode). The token names the claiming page: the
-    same page, redelivered after its worker died mid-publish, takes its claims over."""
+    """Short-lived claims on URLs being published (``claim:{fp}``), so that a URL is published
+    once although the seen-set is written only after the broker's confirm (NOTES.md #5, #16).
+
+    Pages in crawl mode claim their new links with the page's token: two pages linking the same
+    new URL at the same moment publish it once, and the same page, redelivered after its worker
+    died mid-publish, takes its claims over. The producer claims seeds with its own token
+    (:data:`PRODUCER_TOKEN_PREFIX`): a page that links a seed (itself, say) while the seed's
+    confirm is on its way counts it as a duplicate. Another producer takes a producer's claim
+    over (a rerun after a kill -9 must not wait out the lease); a claim never makes a URL seen.
+    """
 
     def __init__(self, client: redis.Redis, ttl_ms: int = CLAIM_TTL_MS) -> None:
         self.client = client
         self.ttl_ms = ttl_ms
         self._claim = client.register_script(CLAIM_LUA)
+        self._claim_unseen = client.register_script(CLAIM_UNSEEN_LUA)
+        self._seen_unclaim = client.register_script(SEEN_UNCLAIM_LUA)
+        self._release = client.register_script(RELEASE_LUA)
 
     def take(self, fps: Sequence[Fingerprint], token: str) -> list[bool]:
         """Claim ``fps`` for ``token``; True for each one the caller holds (one round trip)."""
@@ -148,6 +209,40 @@ class Claims:
             return []
         held = self._claim(keys=[claim_key(fp.hex) for fp in fps], args=[token, self.ttl_ms])
         return [bool(flag) for flag in held]
+
+    def take_unseen(self, seen: SeenSet, fps: Sequence[Fingerprint], token: str, *,
+                    take_over: str = "") -> list[bool]:
+        """Claim for ``token`` each of ``fps`` that ``seen`` does not hold, in one atomic round
+        trip; True for each one the caller holds now.
+
+        Args:
+            take_over: a token prefix whose claims the caller takes over (a producer:
+                :data:`PRODUCER_TOKEN_PREFIX`); "" takes over none but the caller's own.
+        """
+        if not fps:
+            return []
+        keys: list[str] = []
+        for fp in fps:
+            keys += (seen.key(fp), claim_key(fp.hex))
+        held = self._claim_unseen(keys=keys, args=[token, self.ttl_ms, take_over,
+                                                   *(fp.member for fp in fps)])
+        return [bool(flag) for flag in held]
+
+    def mark_seen(self, seen: SeenSet, fps: Sequence[Fingerprint]) -> None:
+        """Mark confirmed URLs seen and drop their claims (one atomic round trip)."""
+        if not fps:
+            return
+        keys: list[str] = []
+        for fp in fps:
+            keys += (seen.key(fp), claim_key(fp.hex))
+        self._seen_unclaim(keys=keys, args=[fp.member for fp in fps])
+
+    def release(self, fps: Sequence[Fingerprint], token: str) -> int:
+        """Drop the claims ``token`` still holds on ``fps`` (not published: failed, over
+        budget), so a page may publish them at once. Returns how many."""
+        if not fps:
+            return 0
+        return int(self._release(keys=[claim_key(fp.hex) for fp in fps], args=[token]))
 
     def keys(self, fps: Sequence[Fingerprint]) -> list[str]:
         return [claim_key(fp.hex) for fp in fps]

@@ -46,10 +46,12 @@
                              pressure: paused/reason/health and the figures), EX 3 × the
                              heartbeat interval: a killed worker's key expires by itself;
                              renewed with EXPIRE while Redis refuses writes (OOM).
-    claim:{fp}               STRING, the token of the page whose crawl-mode producer is
-                             publishing this URL (fingerprint hex), PX CLAIM_TTL_MS (2 min):
-                             other pages skip the URL meanwhile; the same page, redelivered
-                             after a crash, takes it over. Deleted once the URL is seen.
+    claim:{fp}               STRING, the token of whoever is publishing this URL (fingerprint
+                             hex): a crawl-mode page, or a producer (``producer:{id}``), PX
+                             CLAIM_TTL_MS (2 min): pages skip the URL meanwhile; the same page,
+                             redelivered after a crash, takes it over, and any producer takes
+                             a producer's over. Deleted when the URL is marked seen (same
+                             script) or not published.
     crawl:pages:{domain}     STRING counter of pages crawl mode enqueued for the domain
                              (budget CRAWL_MAX_PAGES_PER_DOMAIN), no expiry: DEL to reset.
     deferred                 ZSET of deferred work messages (fairness, common/intake/defer.py):

@@ -18,9 +18,9 @@ from common.broker.messages import WorkMessage
 from common.core.backoff import retry_delay_s
 from common.core.config import Settings
 from common.core.errors import BadMessage, InvalidURL
-from common.core.urls import canonicalize
+from common.core.urls import canonicalize, fingerprint
 from common.store.dedupe import DoneSet
-from common.store.keys import COUNTERS, failures_key
+from common.store.keys import COUNTERS, failures_key, seen_bucket
 from common.store.marks import DoneMark, Retime
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter, retime_permit
@@ -108,6 +108,19 @@ class GivingUp:
                 self.done.add(mark)
             return
         self.results.record_failure(record, mark)
+        if record.get("failure") == "fetch_blocked" and not record.get("url_truncated"):
+            self._release_blocked(record["url"], mark)
+
+    def _release_blocked(self, url: str, mark: DoneMark | None) -> None:
+        """A URL the address guard refused is not final: once FETCH_ALLOW_NETWORKS allows its
+        network, producing it again must fetch it. Its done and seen marks go (one round
+        trip), after its one failure record is in (as an expired message's seen mark)."""
+        fp = fingerprint(url)
+        pipe = self.client.pipeline(transaction=False)
+        if mark is not None:
+            pipe.srem(mark.key, mark.member)
+        pipe.srem(seen_bucket(fp.bucket(self.settings.seen_buckets)), fp.member)
+        pipe.execute()
 
     def _poison_dropped(self, body: bytes) -> Outcome:
         try:

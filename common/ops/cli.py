@@ -1,7 +1,8 @@
 """What every entry script shares: settings, logging, and turning known errors into exit codes.
 
 Exit codes: 0 ok, 1 finished but some work failed, 2 bad configuration or arguments,
-3 RabbitMQ or Redis unreachable, 130 interrupted.
+3 RabbitMQ or Redis unreachable, 130 interrupted. A reader that goes away (``status | head``)
+ends a command quietly with 0, as it does ``cat``: no BrokenPipeError traceback.
 
 Log lines cannot be forged: values from outside (URLs, titles, header values, error strings)
 reach the log inside messages, so the text format escapes every control character of the

@@ -92,18 +92,28 @@ def from_environment(environ: Mapping[str, str]) -> dict[str, str]:
 def add_networks(current: str, added: Iterable[str]) -> str:
     """FETCH_ALLOW_NETWORKS ``current`` with ``added`` CIDRs appended (each once).
 
+    Only private networks (loopback, RFC 1918, link-local, IPv6 ULA) are taken: public
+    addresses are allowed already, and a network holding them (``0.0.0.0/0``, a typo) would
+    open every private one too. ``--set FETCH_ALLOW_NETWORKS=...`` takes any.
+
     Raises:
-        ConfigError: naming FETCH_ALLOW_NETWORKS and the CIDR that does not parse.
+        ConfigError: naming FETCH_ALLOW_NETWORKS and the CIDR that does not parse or is not
+            private.
     """
     networks = [part.strip() for part in current.split(",") if part.strip()]
     for cidr in added:
         try:
-            network = str(ipaddress.ip_network(cidr.strip(), strict=False))
+            network = ipaddress.ip_network(cidr.strip(), strict=False)
         except ValueError as exc:
             raise ConfigError(f"{ALLOW_NETWORKS}: --allow-network {cidr!r} is not a CIDR "
                               f"network ({exc})") from None
-        if network not in networks:
-            networks.append(network)
+        if not network.is_private:
+            raise ConfigError(f"{ALLOW_NETWORKS}: --allow-network {cidr!r} holds public "
+                              "addresses, which are allowed already: give the private network "
+                              "of your site (127.0.0.0/8 this machine, 192.168.0.0/16, "
+                              "10.0.0.0/8...)")
+        if str(network) not in networks:
+            networks.append(str(network))
     return ",".join(networks)
 
 

@@ -84,7 +84,7 @@ def _args(argv: list[str] | None, prog: str | None, down: bool) -> argparse.Name
                                  "runs in DIR/settings.env (repeatable; `scrape-fleet config` "
                                  "shows and changes them)")
         parser.add_argument("--allow-network", action="append", default=[], metavar="CIDR",
-                            help="let fetches reach this non-public network, e.g. 127.0.0.0/8 "
+                            help="let fetches reach this private network, e.g. 127.0.0.0/8 "
                                  "for a site on this machine (added to FETCH_ALLOW_NETWORKS, "
                                  "kept; repeatable)")
     args = parser.parse_args(argv)

@@ -87,6 +87,14 @@ def test_up_runs_with_the_kept_settings_then_the_environment_then_set_then_allow
         run_settings({}, {}, networks=["localhost"])
 
 
+@pytest.mark.parametrize("cidr", ["0.0.0.0/0", "::/0", "8.8.8.0/24"])
+def test_allow_network_takes_private_networks_only(cidr):
+    assert run_settings({}, {}, networks=["192.168.1.0/24", "::1"]) == {
+        "FETCH_ALLOW_NETWORKS": "192.168.1.0/24,::1/128"}
+    with pytest.raises(ConfigError, match=f"--allow-network '{cidr}' holds public addresses"):
+        run_settings({}, {}, networks=[cidr])
+
+
 def test_commands_stop_within_a_second_when_the_local_fleet_is_down(tmp_path):
     fleet = FleetDir(tmp_path / "fleet")
     fleet.create()  # as `down` leaves it: the data, no fleet.env

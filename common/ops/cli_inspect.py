@@ -13,6 +13,7 @@ import logging
 from common.broker.connection import connect_rabbitmq
 from common.core.config import Settings
 from common.ops import cli, dlq, stats
+from common.ops.status_view import fitted_size
 from common.store.connection import connect_redis
 
 logger = logging.getLogger(__name__)
@@ -20,10 +21,14 @@ logger = logging.getLogger(__name__)
 
 def status_main(settings: Settings, argv: list[str] | None = None,
                 prog: str | None = None) -> int:
-    """``stats.py`` / ``scrape-fleet status``."""
+    """``stats.py`` / ``scrape-fleet status``: a table fitted to the terminal (every line whole
+    in a pipe or a file), ``--json`` (the same numbers; its keys: common/ops/status_view.py)
+    or ``--watch``."""
     parser = argparse.ArgumentParser(prog=prog, description="Show the fleet's status.")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    mode.add_argument("--json", action="store_true",
+                      help="print the same numbers as JSON, for scripts (keys: "
+                           "common/ops/status_view.py)")
     mode.add_argument("--watch", action="store_true", help="live view on the terminal")
     parser.add_argument("--interval", type=float, default=2.0, help="--watch refresh seconds")
     args = parser.parse_args(argv)
@@ -39,7 +44,8 @@ def status_main(settings: Settings, argv: list[str] | None = None,
     finally:
         if connection.is_open:
             connection.close()
-    print(json.dumps(snapshot, indent=2) if args.json else stats.render(snapshot))
+    print(json.dumps(snapshot, indent=2) if args.json
+          else stats.render(snapshot, *fitted_size()))
     return cli.EXIT_OK
 
 

@@ -1,35 +1,48 @@
-"""How far the crawl has got, as a long job reports it: done / total known, the rate, an ETA.
+"""How far the crawl has got, as a long job reports it: where every URL known is, the rate, an ETA.
 
-- done: URLs whose outcome is recorded, a result or a dead letter (the done-set ``done:{b}``,
-  which trimming the streams does not touch);
-- to do: ready in the work queues + delayed in the hold queues + in flight at the workers;
-- total known: the seen-set (every URL accepted), or done + to do when that is more (a
-  ``--recrawl`` enqueues URLs seen before);
-- rate: outcomes per second (``results`` + ``failures`` entries) over the last minute, or
-  over the time since the first of them when that is under a minute: dividing a 12 s crawl's
-  results by 60 s showed 15 pages/s while the queue drained at 78/s. Counted from the
-  streams' ids while they hold the whole window; while a sink trims them (they then keep
-  only what it has not written), from their ``entries-added`` counters between two readings:
-  the earliest of the last minute's ``--watch`` refreshes, else a reading SAMPLE_S apart;
-- ETA: to do / rate.
+Every URL known (the seen-set, or more while a ``--recrawl`` enqueues URLs seen before) is in
+exactly one of four places, so ``done + failed + to_do + other == total``:
+
+- done: URLs with a result; failed: URLs with a dead letter. Together they are the done-set
+  ``done:{b}`` (one outcome each; trimming the streams does not touch it). Its failed part is
+  what is not a result: the results stream's ``entries-added`` (every result is appended once,
+  in the script that marks it done, and trimming does not lower the counter) counts the rest;
+- to do: still pending, and nothing else: ready in the work queues + delayed in the hold
+  queues + deferred in Redis (waiting or being released) + in flight at the workers;
+- other: known but neither finished nor pending: expired from a TTL queue, dropped as poison,
+  or between two of the readings above (a URL finishing while they are read).
+
+The rate is outcomes (results + failure records) per second over the last minute, or over
+the time since the first of them when that is under a minute. Counted from the streams' ids
+while they hold the whole window; while a sink trims them (they then keep only what it has not
+written), from their ``entries-added`` counters between now and the oldest reading of the last
+minute that a ``status`` call stored in Redis (``status:readings``: every call, one-off, JSON
+or ``--watch``, stores one). With none, the counters are read again SAMPLE_S later, and up to
+SAMPLE_MAX_S while nothing finishes and work is left: a 2 s reading of a 1 URL/s crawl often
+saw nothing. ETA = to do / rate; ``done`` when nothing is left, ``stalled`` when work is left
+and nothing finished over the whole span measured.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from common.store.keys import FAILURES_STREAM, RESULTS_STREAM
+from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, STATUS_READINGS
 
 WINDOW_S = 60
-#: The wait for a second reading of the counters when no earlier one is at hand.
+#: The first wait for a second reading of the counters when no stored one is at hand.
 SAMPLE_S = 2.0
+#: The longest a one-off status waits for an outcome (work left, nothing finished yet).
+SAMPLE_MAX_S = 6.0
 #: Shortest time a rate is taken over: one result 50 ms after the start is not 20 pages/s.
 MIN_SPAN_S = 1.0
+#: How long status readings are kept in Redis (``status:readings``).
+STATUS_READINGS_KEEP_S = 600
+_READINGS_TTL_MS = 3_600_000
 #: Entries read per XRANGE page when counting: the reply (and Redis's output buffer for it)
 #: stays small however many results the last minute holds.
 _COUNT_PAGE = 200
@@ -53,63 +66,97 @@ class Window:
     complete: bool           # nothing of the window has been trimmed
 
 
-class RateHistory:
-    """The readings of the last minute's ``--watch`` refreshes, oldest first."""
-
-    def __init__(self) -> None:
-        self.readings: deque[Reading] = deque()
-
-    def add(self, reading: Reading) -> None:
-        self.readings.append(reading)
-        while reading.at_ms - self.readings[0].at_ms > WINDOW_S * 1000:
-            self.readings.popleft()
-
-
 def redis_now_ms(client: redis.Redis) -> int:
     seconds, micros = client.time()
     return seconds * 1000 + micros // 1000
 
 
-def measure(client: redis.Redis, *, seen: int, done: int, to_do: int,
-            history: RateHistory | None = None) -> dict[str, Any]:
+def store_reading(client: redis.Redis, reading: Reading) -> None:
+    """Keep ``reading`` for the next status calls' rate (``status:readings``)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(STATUS_READINGS,
+              {f"{reading.at_ms} {reading.results} {reading.failures}": reading.at_ms})
+    pipe.zremrangebyscore(STATUS_READINGS, "-inf",
+                          f"({reading.at_ms - STATUS_READINGS_KEEP_S * 1000}")
+    pipe.pexpire(STATUS_READINGS, _READINGS_TTL_MS)
+    pipe.execute()
+
+
+def earliest_reading(client: redis.Redis, now_ms: int) -> Reading | None:
+    """The oldest stored reading of the last minute that is at least MIN_SPAN_S old."""
+    found = client.zrangebyscore(STATUS_READINGS, now_ms - WINDOW_S * 1000,
+                                 now_ms - MIN_SPAN_S * 1000, start=0, num=1)
+    if not found:
+        return None
+    at_ms, results, failures = (int(part) for part in _text(found[0]).split())
+    return Reading(at_ms, results, failures)
+
+
+def read_counters(client: redis.Redis) -> Reading:
+    """The streams' ``entries-added`` counters now."""
+    now_ms = redis_now_ms(client)
+    return Reading(now_ms, *(_window(client, stream, now_ms)[1]
+                             for stream in (RESULTS_STREAM, FAILURES_STREAM)))
+
+
+def measure(client: redis.Redis, *, seen: int, finished: int, results: int,
+            to_do: int) -> dict[str, Any]:
     """The progress part of the status snapshot (see the module docstring).
 
     Args:
-        seen: URLs in the seen-set; done: in the done-set; to_do: queued, delayed, in flight.
-        history: the watch loop's readings, kept across calls (None: a one-off status).
+        seen: URLs in the seen-set; finished: in the done-set; results: results recorded
+            (``entries-added``, read with ``finished`` in one transaction); to_do: pending
+            (queued, delayed, deferred, in flight).
+
+    Returns:
+        done, failed, to_do, other, total, percent (done of total), outcomes_per_s,
+        pages_per_s, rate_over_s, rate_from ("window": stream ids; "counters": entries-added
+        between two readings), eta_s (None unless it can be told) and state ("done",
+        "running", "stalled" or "idle": nothing known).
     """
     now_ms = redis_now_ms(client)
     since_ms = now_ms - WINDOW_S * 1000
-    (results, results_added), (failures, failures_added) = (
+    (kept, results_added), (failed, failures_added) = (
         _window(client, stream, since_ms) for stream in (RESULTS_STREAM, FAILURES_STREAM))
     reading = Reading(now_ms, results_added, failures_added)
-    previous = None
-    if history is not None:
-        history.add(reading)
-        previous = history.readings[0]
-    if results.complete and failures.complete:
-        first = min((w.first_ms for w in (results, failures) if w.first_ms), default=since_ms)
+    if kept.complete and failed.complete:
+        first = min((w.first_ms for w in (kept, failed) if w.first_ms), default=since_ms)
         span_s = max(MIN_SPAN_S, (now_ms - max(since_ms, first)) / 1000)
-        pages, outcomes, source = results.count, results.count + failures.count, "window"
+        pages, outcomes, source = kept.count, kept.count + failed.count, "window"
     else:
-        if previous is None or now_ms - previous.at_ms < MIN_SPAN_S * 1000:
-            previous = reading
-            time.sleep(SAMPLE_S)
-            now_ms = redis_now_ms(client)
-            reading = Reading(now_ms, *(_window(client, stream, now_ms)[1]
-                                        for stream in (RESULTS_STREAM, FAILURES_STREAM)))
-        span_s = (reading.at_ms - previous.at_ms) / 1000
+        previous = earliest_reading(client, now_ms)
+        if previous is None:
+            previous, reading = reading, _sample(client, reading, to_do)
+        span_s = max(0.001, (reading.at_ms - previous.at_ms) / 1000)
         pages = reading.results - previous.results
         outcomes = pages + reading.failures - previous.failures
         source = "counters"
+    store_reading(client, reading)
     rate = outcomes / span_s
-    total = max(seen, done + to_do)
-    eta_s = 0.0 if to_do == 0 else (to_do / rate if rate > 0 else None)
-    return {"done": done, "to_do": to_do, "total": total,
+    done = min(finished, results)
+    total = max(seen, finished + to_do)
+    if to_do == 0:
+        state, eta_s = ("done" if total else "idle"), 0.0
+    else:
+        state, eta_s = ("running", to_do / rate) if rate > 0 else ("stalled", None)
+    return {"done": done, "failed": finished - done, "to_do": to_do,
+            "other": total - finished - to_do, "total": total,
             "percent": round(100 * done / total, 1) if total else None,
             "outcomes_per_s": round(rate, 2), "pages_per_s": round(pages / span_s, 2),
             "rate_over_s": round(span_s, 1), "rate_from": source,
-            "eta_s": None if eta_s is None else round(eta_s, 1)}
+            "eta_s": None if eta_s is None else round(eta_s, 1), "state": state}
+
+
+def _sample(client: redis.Redis, first: Reading, to_do: int) -> Reading:
+    """A second reading SAMPLE_S after ``first``; while nothing finished and work is left,
+    later ones, up to SAMPLE_MAX_S after it."""
+    time.sleep(SAMPLE_S)
+    reading = read_counters(client)
+    while (to_do and (reading.results, reading.failures) == (first.results, first.failures)
+           and reading.at_ms - first.at_ms < SAMPLE_MAX_S * 1000):
+        time.sleep(min(1.0, SAMPLE_MAX_S - (reading.at_ms - first.at_ms) / 1000))
+        reading = read_counters(client)
+    return reading
 
 
 def _window(client: redis.Redis, stream: str, since_ms: int) -> tuple[Window, int]:
@@ -164,10 +211,26 @@ def format_duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def progress_line(progress: dict[str, Any]) -> str:
-    """``progress: 120 of 600 done (20.0%), 480 to do | 25.3/s over the last 12s | ETA 19s``."""
+def eta_text(progress: dict[str, Any]) -> str:
+    """``19s``, ``done``, ``nothing to do`` or ``stalled (nothing finished in 6s)``."""
+    if progress["state"] == "done":
+        return "done"
+    if progress["state"] == "idle":
+        return "nothing to do"
+    if progress["eta_s"] is None:
+        return f"stalled (nothing finished in {format_duration(progress['rate_over_s'])})"
+    return format_duration(progress["eta_s"])
+
+
+def progress_lines(progress: dict[str, Any], width: int | None = None) -> list[str]:
+    """``progress: 100 done (16.7%), 20 failed, 470 to do, 10 other; 600 URLs`` and the rate
+    with the ETA: one line when ``width`` allows, else two."""
     percent = "-" if progress["percent"] is None else f"{progress['percent']:.1f}%"
-    eta = "done" if progress["to_do"] == 0 else format_duration(progress["eta_s"])
-    return (f"progress: {progress['done']:,} of {progress['total']:,} done ({percent}), "
-            f"{progress['to_do']:,} to do | {progress['outcomes_per_s']:g}/s over the last "
-            f"{format_duration(progress['rate_over_s'])} | ETA {eta}")
+    other = f", {progress['other']:,} other" if progress["other"] else ""
+    counts = (f"progress: {progress['done']:,} done ({percent}), {progress['failed']:,} failed, "
+              f"{progress['to_do']:,} to do{other}; {progress['total']:,} URLs")
+    rate = (f"{progress['outcomes_per_s']:g}/s over the last "
+            f"{format_duration(progress['rate_over_s'])} | ETA {eta_text(progress)}")
+    if width is None or len(counts) + 3 + len(rate) <= width:
+        return [f"{counts} | {rate}"]
+    return [counts, f"  rate {rate}"]

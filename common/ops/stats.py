@@ -1,9 +1,11 @@
-"""The fleet's status: one snapshot dict (for --json) and its renderings (table, live view).
+"""The fleet's status: one snapshot dict (for --json; its keys: common/ops/status_view.py) and
+the live view; the renderings are in common/ops/status_view.py.
 
 Sources: queue depths by passive declares (always) and, when the management API answers,
 unacked counts and rates per queue; Redis for everything else — counters (stats:counters),
-the crawl's progress (done / total known, pages/s, outcomes/s and an ETA:
-common/ops/crawl_progress.py), the rate-limit logs (requests per domain in the current window), worker heartbeats, and
+outcomes, results per sink, dead letters now and ever and what is to do
+(common/ops/status_counts.py), the crawl's progress (done / failed / to do, outcomes/s and an
+ETA: common/ops/crawl_progress.py), the rate-limit logs (requests per domain in the current window), worker heartbeats, and
 backpressure: Redis memory against maxmemory and the sinks' backlog against the watermarks
 (common/store/backlog.py, common/work/pressure.py), which workers are paused and why, and a
 plain warning when results are being dropped (no sink registered and the ``results`` stream at
@@ -20,21 +22,20 @@ from urllib.parse import quote, unquote, urlsplit
 import pika
 import redis
 import requests
-from rich.console import Group
-from rich.table import Table
 
 from common.broker import topology
 from common.core.config import Settings
 from common.intake.defer import deferred_status
-from common.ops import crawl_progress
-from common.ops.crawl_progress import RateHistory
+from common.ops import crawl_progress, status_counts
+from common.ops.status_view import fitted_size, render, render_rich, worker_state
 from common.store.backlog import read_fill
 from common.store.dedupe import SeenSet
-from common.store.keys import COUNTERS, DONE_PREFIX, RESULTS_STREAM
-from common.store.results import ResultStore
+from common.store.keys import COUNTERS, RESULTS_STREAM
 from common.web.ratelimit import RateLimiter
 from common.work.heartbeat import alive_workers
-from common.work.pressure import BACKLOG, ERRORS, MEMORY
+from common.work.pressure import BACKLOG, MEMORY
+
+__all__ = ["collect", "render", "render_rich", "watch", "worker_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,13 +91,12 @@ def _rate(details: dict[str, Any] | None) -> float:
     return round(float((details or {}).get("rate", 0.0)), 2)
 
 
-def collect(settings: Settings, connection: pika.BlockingConnection, client: redis.Redis,
-            history: RateHistory | None = None) -> dict[str, Any]:
-    """One snapshot of the fleet, as a JSON-ready dict (``history``: the watch loop's rate
-    readings, common/ops/crawl_progress.py)."""
-    # Done before what is left: a URL finishing in between is then counted in neither, not
-    # in both, so done + to do stays within the URLs known.
-    done = SeenSet(client, settings.seen_buckets, DONE_PREFIX).count()
+def collect(settings: Settings, connection: pika.BlockingConnection,
+            client: redis.Redis) -> dict[str, Any]:
+    """One snapshot of the fleet, as a JSON-ready dict (its keys: common/ops/status_view.py)."""
+    # Outcomes before what is left: a URL finishing in between is then counted in neither
+    # (``other`` for a moment), not in both.
+    finished, results = status_counts.outcomes_and_results(client)
     channel = connection.channel()
     topology.declare(channel, settings.queue_type)
     managed = _management_queues(settings)
@@ -125,23 +125,23 @@ def collect(settings: Settings, connection: pika.BlockingConnection, client: red
         worker["beat_age_s"] = age
         worker["stale"] = age > 2 * worker.get("interval_s", 5)
     seen = SeenSet(client, settings.seen_buckets).count()
-    unacked = [queues[name]["unacked"] for name in topology.WORK_QUEUES]
-    in_flight = (sum(unacked) if None not in unacked
-                 else sum(w.get("in_flight", 0) for w in workers))
-    deferred = deferred_status(client)  # waiting in Redis for their turn: to do as well
-    progress = crawl_progress.measure(
-        client, seen=seen, done=done, history=history, to_do=deferred["total"]
-        + sum(queues[name]["ready"] for name in topology.WORK_QUEUES) + delayed + in_flight)
+    to_do = status_counts.to_do(client, queues, delayed, workers)
+    progress = crawl_progress.measure(client, seen=seen, finished=finished,
+                                      results=results["recorded"], to_do=to_do["total"])
+    dead = status_counts.dead_letters(connection, counters,
+                                      queues[topology.FAILED_QUEUE]["ready"])
     return {
         "queues": queues,
         "delayed": delayed,
-        "dead_lettered": queues[topology.FAILED_QUEUE]["ready"],
-        "dead_lettered_by_reason": {k.split(":", 1)[1]: v for k, v in counters.items()
-                                    if k.startswith("dead_lettered:")},
+        "to_do": to_do,
+        "dead_letters": dead,
+        "dead_lettered": dead["now"],
+        "dead_lettered_by_reason": dead["ever_by_reason"],
         "expired": counters.get("expired", 0),
         "expired_waiting": queues[topology.EXPIRED_QUEUE]["ready"],
         "seen": seen,
-        "results": ResultStore(client, settings.results_maxlen).count(),
+        "results": results["recorded"],
+        "results_detail": results,
         "pages_per_s_last_minute": progress["pages_per_s"],
         "progress": progress,
         "cache": {"hits": hits, "misses": misses,
@@ -152,7 +152,7 @@ def collect(settings: Settings, connection: pika.BlockingConnection, client: red
         "user_code_stopped": {k: counters[k] for k in USER_CODE_STOPS if counters.get(k)},
         "domains": _domain_rates(settings, client, crawl_progress.redis_now_ms(client)),
         "throttled": RateLimiter(client, settings).throttled(),
-        "deferred": deferred,
+        "deferred": deferred_status(client),
         "workers": workers,
         "pressure": _pressure(settings, client, workers),
         "counters": counters,
@@ -189,41 +189,6 @@ def _pressure(settings: Settings, client: redis.Redis,
             "results_dropping": dropping, "warnings": warnings}
 
 
-def _pressure_lines(pressure: dict[str, Any]) -> list[str]:
-    """The backpressure part of the table: one line for the fleet, one per warning."""
-    memory, backlog = pressure["redis_memory"], pressure["results_backlog"]
-    state = f"paused: {', '.join(pressure['paused'])}" if pressure["paused"] else "running"
-    used = ("no maxmemory" if memory["ratio"] is None else
-            f"{memory['ratio']:.2f} of maxmemory ({memory['used']:,} / {memory['max']:,} B)")
-    sink = f", sink {backlog['sink']}" if backlog["sink"] else ", no sink registered"
-    lines = [f"pressure: {state} | Redis memory {used}, pause above {memory['high']:g}, resume "
-             f"below {memory['low']:g} | results backlog {backlog['entries']:,}{sink}, pause "
-             f"above {backlog['high']:,}, resume below {backlog['low']:,}"]
-    return lines + [f"WARNING: {text}" for text in pressure["warnings"]]
-
-
-def worker_state(worker: dict[str, Any]) -> str:
-    """A worker's pause state in words: running, or paused and why, with its figures."""
-    p = worker.get("pressure") or {}
-    if not p.get("paused"):
-        state = "running"
-    elif p["reason"] == MEMORY and p.get("memory_ratio") is not None:
-        state = (f"paused: {MEMORY} ({p['memory_ratio']:.2f} of maxmemory, resume below "
-                 f"{p['memory_low']:g})")
-    elif p["reason"] == BACKLOG:
-        state = (f"paused: {BACKLOG} ({p.get('backlog', 0):,} entries, sink "
-                 f"{p.get('backlog_sink')}, resume below {p['backlog_low']:,})")
-    elif p["reason"] == ERRORS:
-        state = f"paused: {ERRORS} ({p.get('errors_in_a_row')} in a row)"
-    else:
-        state = f"paused: {p['reason']} ({p.get('error', '')})"
-    if p.get("unhealthy"):
-        state += f"; UNHEALTHY: {p['unhealthy']}"
-    if worker.get("stale"):
-        state += f"; heartbeat {worker['beat_age_s']:.0f}s old (Redis refusing writes?)"
-    return state
-
-
 def _domain_rates(settings: Settings, client: redis.Redis, now_ms: int) -> list[dict[str, Any]]:
     """Requests per domain in its current window, against its configured limit."""
     limiter = RateLimiter(client, settings)
@@ -240,111 +205,14 @@ def _domain_rates(settings: Settings, client: redis.Redis, now_ms: int) -> list[
     return sorted(rows, key=lambda r: (-r["requests_in_window"], r["domain"]))[:50]
 
 
-def _throttle_lines(snapshot: dict[str, Any]) -> list[str]:
-    """Each throttled domain (common/web/throttle.py): its rate or block, and why."""
-    return [f"  throttled {row['domain']}: {row['text']}"
-            for row in snapshot.get("throttled", [])[:15]]
-
-
-def _deferred_lines(snapshot: dict[str, Any]) -> list[str]:
-    """URLs deferred in Redis (fairness, common/intake/defer.py), largest domains first."""
-    deferred = snapshot.get("deferred") or {}
-    if not deferred.get("total"):
-        return []
-    return [f"deferred: {deferred['total']:,} URLs wait in Redis for their turn "
-            f"({deferred['releasing']:,} being released)"] + [
-        f"  deferred {row['domain']}: {row['deferred']:,}, through in "
-        f"{crawl_progress.format_duration(row['through_in_s'])}" for row in deferred["domains"]]
-
-
-def render(snapshot: dict[str, Any]) -> str:
-    """A short plain-text table."""
-    lines = [f"{'queue':<16}{'ready':>10}{'unacked':>9}{'consumers':>11}{'in/s':>8}{'out/s':>8}"]
-    for name, q in snapshot["queues"].items():
-        lines.append(f"{name:<16}{q['ready']:>10}{_dash(q['unacked']):>9}{q['consumers']:>11}"
-                     f"{_dash(q['publish_rate']):>8}{_dash(q['deliver_rate']):>8}")
-    cache = snapshot["cache"]
-    lines.append(f"seen URLs: {snapshot['seen']}   results: {snapshot['results']}   "
-                 f"pages/s (1 min): {snapshot['pages_per_s_last_minute']}   "
-                 f"delayed: {snapshot['delayed']}")
-    lines.append(crawl_progress.progress_line(snapshot["progress"]))
-    lines.append(f"dead-lettered: {snapshot['dead_lettered']} "
-                 f"{snapshot['dead_lettered_by_reason'] or ''}  expired: {snapshot['expired']}  "
-                 f"robots-blocked: {snapshot['robots_blocked']}  retries: {snapshot['retries']}")
-    if snapshot["user_code_stopped"]:  # rules and EXTRACTOR stopped: see data_errors
-        lines.append(f"user code stopped: {snapshot['user_code_stopped']}")
-    if cache["hits"] or cache["misses"]:
-        lines.append(f"cache: hits={cache['hits']} misses={cache['misses']} "
-                     f"hit_ratio={cache['hit_ratio']:.2f}")
-    lines += _pressure_lines(snapshot["pressure"])
-    for row in snapshot["domains"][:10]:
-        lines.append(f"  {row['domain']}: {row['requests_in_window']}/{row['limit']} "
-                     f"per {row['window_s']:g}s")
-    lines += _throttle_lines(snapshot)
-    lines += _deferred_lines(snapshot)
-    workers = snapshot["workers"]
-    lines.append(f"workers alive: {len(workers)}")
-    for w in workers:
-        lines.append(f"  {w['id']} on {w['host']}: {worker_state(w)}, processed="
-                     f"{w['processed']} in_flight={w['in_flight']} "
-                     f"current={', '.join(w['current'][:3])}")
-    return "\n".join(lines)
-
-
-def render_rich(snapshot: dict[str, Any]) -> Group:
-    """The same picture as rich tables, for ``stats.py --watch``."""
-    queues = Table(title="queues", expand=True)
-    for column in ("queue", "ready", "unacked", "consumers", "in/s", "out/s"):
-        queues.add_column(column, justify="left" if column == "queue" else "right")
-    for name, q in snapshot["queues"].items():
-        queues.add_row(name, str(q["ready"]), _dash(q["unacked"]), str(q["consumers"]),
-                       _dash(q["publish_rate"]), _dash(q["deliver_rate"]))
-    queues.add_row("hold.* (delayed)", str(snapshot["delayed"]), "", "", "", "")
-    cache = snapshot["cache"]
-    summary = Table(title="fleet", expand=True, show_header=False)
-    summary.add_column("what")
-    summary.add_column("value", justify="right")
-    progress = snapshot["progress"]
-    for label, value in (
-            ("progress", crawl_progress.progress_line(progress).split(": ", 1)[1]),
-            ("pages/s (last minute)", snapshot["pages_per_s_last_minute"]),
-            ("results", snapshot["results"]), ("seen URLs", snapshot["seen"]),
-            ("cache hit ratio", _dash(cache["hit_ratio"])),
-            ("dead-lettered", f"{snapshot['dead_lettered']} {snapshot['dead_lettered_by_reason']}"),
-            ("robots-blocked", snapshot["robots_blocked"]), ("retries", snapshot["retries"]),
-            ("expired", snapshot["expired"]), ("user code stopped", snapshot["user_code_stopped"])):
-        summary.add_row(label, str(value))
-    for line in _pressure_lines(snapshot["pressure"]):
-        summary.add_row(*line.split(": ", 1))
-    domains = Table(title="domains (requests in window / limit)", expand=True)
-    domains.add_column("domain")
-    domains.add_column("used / limit", justify="right")
-    for row in snapshot["domains"][:15]:
-        domains.add_row(row["domain"],
-                        f"{row['requests_in_window']} / {row['limit']} per {row['window_s']:g}s")
-    for line in _throttle_lines(snapshot):
-        domains.add_row(*line.strip().split(": ", 1))
-    workers = Table(title=f"workers alive: {len(snapshot['workers'])}", expand=True)
-    for column in ("id", "host", "state", "processed", "in flight", "current"):
-        workers.add_column(column)
-    for w in snapshot["workers"]:
-        workers.add_row(w["id"], w["host"], worker_state(w), str(w["processed"]),
-                        str(w["in_flight"]), ", ".join(w["current"][:2]))
-    return Group(queues, summary, domains, workers)
-
-
-def _dash(value: Any) -> str:
-    return "-" if value is None else str(value)
-
-
 def watch(settings: Settings, connection: pika.BlockingConnection, client: redis.Redis,
           interval_s: float = 2.0) -> None:
-    """Refresh the rich view until Ctrl-C."""
+    """Refresh the rich view, fitted to the terminal, until Ctrl-C. Each refresh stores its
+    reading of the outcome counters, so the rate is over the last minute of refreshes."""
     from rich.live import Live
 
-    history = RateHistory()
-    with Live(render_rich(collect(settings, connection, client, history)),
-              refresh_per_second=4) as live:
+    with Live(render_rich(collect(settings, connection, client), *fitted_size()),
+              refresh_per_second=4, screen=False) as live:
         while True:
             time.sleep(interval_s)
-            live.update(render_rich(collect(settings, connection, client, history)))
+            live.update(render_rich(collect(settings, connection, client), *fitted_size()))

@@ -76,6 +76,11 @@
     schedule:lease           STRING "token:owner", SET NX PX SCHEDULE_LEASE_S by the one active
                              scheduler replica, renewed while it runs, DEL on a clean stop.
     schedule:fence           STRING counter (INCR): the fencing token of each new lease.
+    status:readings          ZSET of the outcome counters each ``status`` call read (member
+                             "{ms} {results entries-added} {failures entries-added}", score =
+                             its Redis ms clock), kept STATUS_READINGS_KEEP_S: the rate of the
+                             last minute while a sink trims the streams (common/ops/
+                             crawl_progress.py). PX one hour after the last status call.
 
 ``{url}`` is the canonical URL; ``{origin}`` is scheme://host[:port]; ``{domain}`` the host.
 """
@@ -162,3 +167,6 @@ WORKERS_PREFIX = "workers:"
 
 def worker_key(worker_id: str) -> str:
     return f"{WORKERS_PREFIX}{worker_id}"
+
+
+STATUS_READINGS = "status:readings"

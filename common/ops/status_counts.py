@@ -1,0 +1,104 @@
+"""The status view's counts that must agree with each other: outcomes, results, dead letters and
+what is still to do (common/ops/crawl_progress.py splits them into done / failed / to do).
+
+- outcomes and results recorded are read in one MULTI: the done-set's size and the results
+  stream's ``entries-added`` (every result is appended once, in the script that marks it done;
+  a sink's trimming does not lower the counter), so a result recorded meanwhile is in both or
+  neither;
+- each registered sink's count of results written is its consumer group's: ``entries-read``
+  (delivered to the group) minus ``pending`` (delivered, not yet acknowledged). A sink
+  acknowledges an entry only once it is durably written (common/sink/reader.py), so this is
+  exact, from the broker of record, whatever the sink's own files say; ``waiting`` is what it
+  has yet to write;
+- dead letters: ``now`` is what the failed queue holds (by reason: its messages browsed, up to
+  DLQ_BROWSE_MAX, and returned in their order), ``ever`` the counters ``dead_lettered:{reason}``
+  in ``stats:counters``, which replay, purge and the queue's 24 h TTL do not lower;
+- to do: the work queues' ready messages, the hold queues' (delayed), the deferred ZSETs'
+  members (waiting and being released: their cardinalities, not the per-domain counts) and the
+  deliveries in flight at the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pika
+import redis
+
+from common.broker import topology
+from common.ops import dlq
+from common.store.keys import (
+    DEFERRED,
+    DEFERRED_INFLIGHT,
+    DONE_PREFIX,
+    RESULTS_STREAM,
+    SINKS,
+    sink_group,
+)
+
+logger = logging.getLogger(__name__)
+
+#: The most dead letters browsed for the "now" count by reason; a larger queue's reasons are
+#: those of its first DLQ_BROWSE_MAX (``by_reason_of`` says how many were read).
+DLQ_BROWSE_MAX = 500
+
+
+def outcomes_and_results(client: redis.Redis) -> tuple[int, dict[str, Any]]:
+    """URLs in the done-set and the ``results`` part of the snapshot (results recorded, still
+    in the stream, written by each registered sink), read in one transaction."""
+    buckets = list(client.scan_iter(match=f"{DONE_PREFIX}*", count=1000))
+    pipe = client.pipeline(transaction=True)
+    for key in buckets:
+        pipe.scard(key)
+    pipe.smembers(SINKS)
+    pipe.xinfo_stream(RESULTS_STREAM)
+    pipe.xinfo_groups(RESULTS_STREAM)
+    *sizes, names, info, groups = pipe.execute(raise_on_error=False)
+    if isinstance(info, redis.ResponseError):  # no stream yet: nothing recorded
+        info, groups = {"entries-added": 0, "length": 0}, []
+    recorded = int(info["entries-added"])
+    by_group = {_text(g["name"]): g for g in groups}
+    by_sink: dict[str, dict[str, int | None]] = {}
+    for name in sorted(_text(n) for n in names):
+        group = by_group.get(sink_group(name))
+        read = None if group is None else group.get("entries-read")
+        written = None if read is None else max(0, int(read) - int(group["pending"]))
+        by_sink[name] = {"written": written,
+                         "waiting": None if written is None else max(0, recorded - written)}
+    return sum(sizes), {"recorded": recorded, "in_stream": int(info["length"]),
+                        "source": "sinks" if by_sink else "stream", "sinks": by_sink}
+
+
+def dead_letters(connection: pika.BlockingConnection, counters: dict[str, int],
+                 queued: int) -> dict[str, Any]:
+    """Dead letters now (in the failed queue) and ever (counters), each by reason."""
+    ever = {k.split(":", 1)[1]: v for k, v in counters.items() if k.startswith("dead_lettered:")}
+    now_by_reason: dict[str, int] = {}
+    read = 0
+    if queued:
+        letters = dlq.browse(connection, DLQ_BROWSE_MAX)
+        now_by_reason, read = dlq.count_by_reason(letters), len(letters)
+    return {"now": queued, "now_by_reason": now_by_reason, "by_reason_of": read,
+            "ever": sum(ever.values()),
+            "ever_by_reason": dict(sorted(ever.items(), key=lambda kv: (-kv[1], kv[0])))}
+
+
+def to_do(client: redis.Redis, queues: dict[str, dict[str, Any]], delayed: int,
+          workers: list[dict[str, Any]]) -> dict[str, int]:
+    """What is still pending, by where it waits; ``total`` is their sum."""
+    unacked = [queues[name]["unacked"] for name in topology.WORK_QUEUES]
+    in_flight = (sum(unacked) if None not in unacked
+                 else sum(w.get("in_flight", 0) for w in workers))
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(DEFERRED)
+    pipe.zcard(DEFERRED_INFLIGHT)
+    waiting, releasing = pipe.execute()
+    parts = {"ready": sum(queues[name]["ready"] for name in topology.WORK_QUEUES),
+             "delayed": delayed, "deferred": int(waiting) + int(releasing),
+             "in_flight": in_flight}
+    return {**parts, "total": sum(parts.values())}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -149,11 +149,11 @@ def described(values: Mapping[str, str], fleet: FleetDir, *, defaults: bool = Tr
 
 
 def running_text(fleet: FleetDir) -> str:
-    """When the setting takes effect, as ``config set`` says it."""
+    """When a change takes effect, as ``config set`` says it."""
     if fleet.stopped_servers():
-        return "it takes effect at the next `scrape-fleet up`"
-    return ("the running fleet keeps its settings: it takes effect at the next `scrape-fleet "
-            "up`, after `scrape-fleet down` (a restart)")
+        return "this takes effect at the next `scrape-fleet up`"
+    return ("this takes effect at the next `scrape-fleet up`: the running fleet keeps its "
+            "settings until `scrape-fleet down` and `up` (a restart)")
 
 
 def config_args(argv: list[str] | None, prog: str | None) -> argparse.Namespace:

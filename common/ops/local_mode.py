@@ -105,7 +105,7 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
             print(started_text(fleet, int(str(state.get("workers", 0))), already=True))
             if values != fleet.read_settings():
                 fleet.write_settings(values)
-                print(f"settings saved in {fleet.settings_file}: {running_text(fleet)}")
+                print(f"settings saved in {fleet.settings_file}; {running_text(fleet)}")
             return cli.EXIT_OK
         dead = ", ".join(p.name for p in procs if not p.alive)
         print(f"the fleet in {fleet.path} is partly up ({dead} not running): "

@@ -32,6 +32,7 @@ from typing import Any
 from rich.console import Group
 from rich.text import Text
 
+from common.broker import topology
 from common.ops import crawl_progress
 from common.work.pressure import BACKLOG, ERRORS, MEMORY
 
@@ -70,7 +71,7 @@ def render_rich(snapshot: dict[str, Any], width: int | None = None,
 def _lines(snapshot: dict[str, Any], width: int | None, height: int | None) -> list[str]:
     core = [*crawl_progress.progress_lines(snapshot["progress"], width),
             _results_line(snapshot), *_dead_letter_lines(snapshot, width),
-            *_queue_lines(snapshot), _counters_line(snapshot),
+            *_queue_lines(snapshot, height is not None), _counters_line(snapshot),
             *_pressure_lines(snapshot["pressure"], short=width is not None)]
     sections = [
         ("domains (requests in window / limit):", _domain_rows(snapshot), DOMAINS_MAX),
@@ -88,32 +89,29 @@ def _lines(snapshot: dict[str, Any], width: int | None, height: int | None) -> l
 
 
 def _fit_sections(sections: list[tuple[str, list[str], int]], budget: int | None) -> list[str]:
-    """Each section's header and as many of its rows as ``budget`` lines allow, shared out a
-    row at a time; a section cut short ends with ``+N more``."""
+    """Each section's header and its first rows: up to its cap without ``budget``, else as
+    many as ``budget`` lines allow, shared out a row at a time (workers first, then the others
+    in order). A header whose rows are not all shown ends with ``(+N more)``."""
     sections = [(h, rows, cap) for h, rows, cap in sections if rows or h.startswith("workers")]
     if budget is None:
         shown = [min(len(rows), cap) for _h, rows, cap in sections]
     else:
-        sections = sections[:max(0, budget)]
-        left = max(0, budget) - len(sections)
+        order = [len(sections) - 1, *range(len(sections) - 1)]  # workers are last in the view
+        order = [i for i in order if i < max(0, budget)]
+        left = max(0, budget) - len(order)
         shown = [0] * len(sections)
-        while left > 0 and any(n < len(s[1]) for n, s in zip(shown, sections, strict=True)):
-            for i, (_h, rows, _cap) in enumerate(sections):
-                if left > 0 and shown[i] < len(rows):
+        while left > 0 and any(shown[i] < len(sections[i][1]) for i in order):
+            for i in [order[0], *order]:  # workers two rows a round
+                if left > 0 and shown[i] < len(sections[i][1]):
                     shown[i] += 1
                     left -= 1
+        sections = [s if i in order else ("", [], 0) for i, s in enumerate(sections)]
     out: list[str] = []
     for (header, rows, _cap), n in zip(sections, shown, strict=True):
-        out.append(header)
-        if n < len(rows):
-            out += rows[:n - 1] if n else []
-            more = len(rows) - max(0, n - 1)
-            if n:
-                out.append(f"  +{more:,} more")
-            else:
-                out[-1] += f" (+{more:,} more)"
-        else:
-            out += rows
+        if not header:
+            continue
+        out.append(header if n == len(rows) else f"{header} (+{len(rows) - n:,} more)")
+        out += rows[:n]
     return out
 
 
@@ -153,9 +151,13 @@ def _dead_letter_lines(snapshot: dict[str, Any], width: int | None) -> list[str]
     return [now, f"dead letters {ever}"]
 
 
-def _queue_lines(snapshot: dict[str, Any]) -> list[str]:
+def _queue_lines(snapshot: dict[str, Any], fitted: bool) -> list[str]:
+    """The queues table; ``fitted``: the work queues only (the failed and expired queues'
+    counts are on the dead letters and counters lines)."""
     lines = [f"{'queue':<16}{'ready':>9}{'unacked':>9}{'consumers':>10}{'in/s':>8}{'out/s':>8}"]
     for name, q in snapshot["queues"].items():
+        if fitted and name not in topology.WORK_QUEUES:
+            continue
         lines.append(f"{name:<16}{q['ready']:>9}{_dash(q['unacked']):>9}{q['consumers']:>10}"
                      f"{_dash(q['publish_rate']):>8}{_dash(q['deliver_rate']):>8}")
     return lines + [f"{'hold.* (delayed)':<16}{snapshot['delayed']:>9}"]
@@ -166,7 +168,7 @@ def _counters_line(snapshot: dict[str, Any]) -> str:
     ratio = "-" if cache["hit_ratio"] is None else f"{cache['hit_ratio']:.2f}"
     line = (f"seen URLs: {snapshot['seen']:,}  expired: {snapshot['expired']:,}  "
             f"robots-blocked: {snapshot['robots_blocked']:,}  retries: {snapshot['retries']:,}"
-            f"  cache hits: {ratio}")
+            f"  cache hit ratio: {ratio}")
     if snapshot["user_code_stopped"]:  # rules and EXTRACTOR stopped: see data_errors
         line += f"  user code stopped: {snapshot['user_code_stopped']}"
     return line
@@ -215,10 +217,16 @@ def worker_state(worker: dict[str, Any]) -> str:
 
 
 def _worker_rows(snapshot: dict[str, Any], width: int | None) -> list[str]:
+    """A row per worker; fitted to ``width``: no host, the pause reason without its figures,
+    and the current URLs in what is left of the line."""
     rows = []
     for w in snapshot["workers"]:
-        row = (f"  {w['id']} on {w['host']}: {worker_state(w)}, processed={w['processed']} "
-               f"in_flight={w['in_flight']}")
+        if width is None:
+            row = (f"  {w['id']} on {w['host']}: {worker_state(w)}, processed="
+                   f"{w['processed']} in_flight={w['in_flight']}")
+        else:
+            state = worker_state(w).split(" (", 1)[0]
+            row = f"  {w['id']}: {state}, processed={w['processed']} in_flight={w['in_flight']}"
         current = list(w.get("current") or [])[:3]
         room = None if width is None else width - len(row) - len(" current=")
         if current and (room is None or room >= 12):  # URLs take what is left of the line

@@ -3,13 +3,14 @@
 While a sink is registered, the ``results`` stream keeps only what some sink has not written
 yet (common/sink/reader.py trims it with MINID every second), so an export of the stream alone
 misses the rest, and one that reads the stream while the sink trims it could miss what is
-trimmed between two reads. With ``--sink-dir DIR`` (local mode passes its own),
+trimmed between two reads. With ``--sink-dir DIR``, or SINK_DIR (common/ops/cli_export.py),
 :func:`read_through_files` takes the stream's newest id as the snapshot's end, waits until the
 sink (its consumer group, ``sink:files`` by default) has written everything up to it (delivered
 and acknowledged: no pending entry at or below it), then reads the sink's parts in DIR, oldest
 first, each up to its last complete gzip member, and keeps the ``results`` lines from the start
 to the snapshot's end, each once. Exact, whatever the sink does meanwhile; what is recorded
-after the snapshot began comes in the next export.
+after the snapshot began comes in the next export. :func:`file_entries` alone is ``--files-only``
+(no Redis: what the sink has written, all of it after a local ``down``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""The fleet's status: queues, delays, dead letters, rates, cache, domains, workers.
+"""The fleet's status: where every URL is (done, failed, to do), results per sink, dead letters
+now and ever, the rate and an ETA, queues, domains, workers.
 
-    python stats.py            # a table
-    python stats.py --json     # the same as JSON, for scripts
+    python stats.py            # a table, fitted to the terminal (a pipe gets every line whole)
+    python stats.py --json     # the same numbers as JSON, for scripts (keys:
+                               # common/ops/status_view.py)
     python stats.py --watch    # a live view, refreshed every 2 s (Ctrl-C to leave)
 """
 

@@ -91,9 +91,10 @@ def _rate(details: dict[str, Any] | None) -> float:
     return round(float((details or {}).get("rate", 0.0)), 2)
 
 
-def collect(settings: Settings, connection: pika.BlockingConnection,
-            client: redis.Redis) -> dict[str, Any]:
-    """One snapshot of the fleet, as a JSON-ready dict (its keys: common/ops/status_view.py)."""
+def collect(settings: Settings, connection: pika.BlockingConnection, client: redis.Redis,
+            previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One snapshot of the fleet, as a JSON-ready dict (its keys: common/ops/status_view.py);
+    ``previous``: the last refresh's snapshot (``--watch``)."""
     # Outcomes before what is left: a URL finishing in between is then counted in neither
     # (``other`` for a moment), not in both.
     finished, results = status_counts.outcomes_and_results(client)
@@ -129,7 +130,8 @@ def collect(settings: Settings, connection: pika.BlockingConnection,
     progress = crawl_progress.measure(client, seen=seen, finished=finished,
                                       results=results["recorded"], to_do=to_do["total"])
     dead = status_counts.dead_letters(connection, counters,
-                                      queues[topology.FAILED_QUEUE]["ready"])
+                                      queues[topology.FAILED_QUEUE]["ready"],
+                                      (previous or {}).get("dead_letters"))
     return {
         "queues": queues,
         "delayed": delayed,
@@ -207,12 +209,18 @@ def _domain_rates(settings: Settings, client: redis.Redis, now_ms: int) -> list[
 
 def watch(settings: Settings, connection: pika.BlockingConnection, client: redis.Redis,
           interval_s: float = 2.0) -> None:
-    """Refresh the rich view, fitted to the terminal, until Ctrl-C. Each refresh stores its
+    """Refresh the live view, fitted to the terminal, until Ctrl-C. Each refresh stores its
     reading of the outcome counters, so the rate is over the last minute of refreshes."""
     from rich.live import Live
 
-    with Live(render_rich(collect(settings, connection, client), *fitted_size()),
-              refresh_per_second=4, screen=False) as live:
+    def view(snapshot: dict[str, Any]) -> Any:
+        width, height = fitted_size()
+        # One line fewer than the terminal: the cursor's line below the view.
+        return render_rich(snapshot, width, None if height is None else max(1, height - 1))
+
+    snapshot = collect(settings, connection, client)
+    with Live(view(snapshot), refresh_per_second=4) as live:
         while True:
             time.sleep(interval_s)
-            live.update(render_rich(collect(settings, connection, client), *fitted_size()))
+            snapshot = collect(settings, connection, client, snapshot)
+            live.update(view(snapshot))

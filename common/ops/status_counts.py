@@ -20,7 +20,6 @@ what is still to do (common/ops/crawl_progress.py splits them into done / failed
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pika
@@ -36,8 +35,6 @@ from common.store.keys import (
     SINKS,
     sink_group,
 )
-
-logger = logging.getLogger(__name__)
 
 #: The most dead letters browsed for the "now" count by reason; a larger queue's reasons are
 #: those of its first DLQ_BROWSE_MAX (``by_reason_of`` says how many were read).
@@ -71,12 +68,20 @@ def outcomes_and_results(client: redis.Redis) -> tuple[int, dict[str, Any]]:
 
 
 def dead_letters(connection: pika.BlockingConnection, counters: dict[str, int],
-                 queued: int) -> dict[str, Any]:
-    """Dead letters now (in the failed queue) and ever (counters), each by reason."""
+                 queued: int, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Dead letters now (in the failed queue) and ever (counters), each by reason.
+
+    Args:
+        previous: the last refresh's figures (``--watch``): while neither count moved, its
+            reasons are kept instead of browsing the queue again (a browse holds the messages
+            it reads for a moment, which a ``dlq replay`` running then would not see).
+    """
     ever = {k.split(":", 1)[1]: v for k, v in counters.items() if k.startswith("dead_lettered:")}
     now_by_reason: dict[str, int] = {}
     read = 0
-    if queued:
+    if previous and (previous["now"], previous["ever"]) == (queued, sum(ever.values())):
+        now_by_reason, read = previous["now_by_reason"], previous["by_reason_of"]
+    elif queued:
         letters = dlq.browse(connection, DLQ_BROWSE_MAX)
         now_by_reason, read = dlq.count_by_reason(letters), len(letters)
     return {"now": queued, "now_by_reason": now_by_reason, "by_reason_of": read,

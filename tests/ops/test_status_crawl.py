@@ -147,3 +147,41 @@ def test_to_do_counts_deferred_urls_by_what_waits_not_by_a_per_domain_tally(
 
     assert finished["progress"]["to_do"] == 0 and finished["progress"]["state"] != "running"
     assert waiting["to_do"]["deferred"] == 1 and waiting["progress"]["to_do"] == 1
+
+
+def test_the_live_view_keeps_the_dead_letter_reasons_while_no_count_moves(
+        settings, redis_client, monkeypatch, capsys):
+    import pika
+
+    from common.ops import stats, status_counts
+
+    with Producer(settings, redis_client) as producer:
+        producer.submit(["ftp://bad/", "ftp://worse/"])  # two dead letters, invalid_url
+    browsed = []
+    real_browse = status_counts.dlq.browse
+
+    def counting_browse(*args, **kwargs):
+        browsed.append(1)
+        return real_browse(*args, **kwargs)
+
+    refreshes = []
+
+    def stop_after_three(_seconds: float) -> None:
+        refreshes.append(1)
+        if len(refreshes) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(status_counts.dlq, "browse", counting_browse)
+    monkeypatch.setattr(stats.time, "sleep", stop_after_three)
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("LINES", "24")
+    connection = pika.BlockingConnection(pika.URLParameters(settings.rabbitmq_url))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            stats.watch(settings, connection, redis_client, interval_s=0)
+    finally:
+        connection.close()
+
+    assert len(refreshes) == 3 and browsed == [1]  # three views, one browse
+    shown = capsys.readouterr().out
+    assert "dead letters now: 2 (invalid_url 2)" in shown

@@ -18,9 +18,9 @@ while they hold the whole window; while a sink trims them (they then keep only w
 written), from their ``entries-added`` counters between now and the oldest reading of the last
 minute that a ``status`` call stored in Redis (``status:readings``: every call, one-off, JSON
 or ``--watch``, stores one). With none, the counters are read again SAMPLE_S later, and up to
-SAMPLE_MAX_S while nothing finishes and work is left: a 2 s reading of a 1 URL/s crawl often
-saw nothing. ETA = to do / rate; ``done`` when nothing is left, ``stalled`` when work is left
-and nothing finished over the whole span measured.
+SAMPLE_MAX_S while nothing finishes (none when nothing is left to do): a 2 s reading of a
+1 URL/s crawl often saw nothing. ETA = to do / rate; ``done`` when nothing is left,
+``stalled`` when work is left and nothing finished over the whole span measured.
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ def measure(client: redis.Redis, *, seen: int, finished: int, results: int,
         pages, outcomes, source = kept.count, kept.count + failed.count, "window"
     else:
         previous = earliest_reading(client, now_ms)
-        if previous is None:
-            previous, reading = reading, _sample(client, reading, to_do)
+        if previous is None:  # nothing left to do: no ETA to give, no wait for a sample
+            previous, reading = reading, (_sample(client, reading) if to_do else reading)
         span_s = max(0.001, (reading.at_ms - previous.at_ms) / 1000)
         pages = reading.results - previous.results
         outcomes = pages + reading.failures - previous.failures
@@ -147,12 +147,12 @@ def measure(client: redis.Redis, *, seen: int, finished: int, results: int,
             "eta_s": None if eta_s is None else round(eta_s, 1), "state": state}
 
 
-def _sample(client: redis.Redis, first: Reading, to_do: int) -> Reading:
-    """A second reading SAMPLE_S after ``first``; while nothing finished and work is left,
-    later ones, up to SAMPLE_MAX_S after it."""
+def _sample(client: redis.Redis, first: Reading) -> Reading:
+    """A second reading SAMPLE_S after ``first``; while nothing finished, later ones, up to
+    SAMPLE_MAX_S after it."""
     time.sleep(SAMPLE_S)
     reading = read_counters(client)
-    while (to_do and (reading.results, reading.failures) == (first.results, first.failures)
+    while ((reading.results, reading.failures) == (first.results, first.failures)
            and reading.at_ms - first.at_ms < SAMPLE_MAX_S * 1000):
         time.sleep(min(1.0, SAMPLE_MAX_S - (reading.at_ms - first.at_ms) / 1000))
         reading = read_counters(client)
@@ -230,7 +230,8 @@ def progress_lines(progress: dict[str, Any], width: int | None = None) -> list[s
     counts = (f"progress: {progress['done']:,} done ({percent}), {progress['failed']:,} failed, "
               f"{progress['to_do']:,} to do{other}; {progress['total']:,} URLs")
     rate = (f"{progress['outcomes_per_s']:g}/s over the last "
-            f"{format_duration(progress['rate_over_s'])} | ETA {eta_text(progress)}")
+            f"{format_duration(progress['rate_over_s'])}" if progress["rate_over_s"] >= 0.1
+            else "no rate measured") + f" | ETA {eta_text(progress)}"
     if width is None or len(counts) + 3 + len(rate) <= width:
         return [f"{counts} | {rate}"]
     return [counts, f"  rate {rate}"]

@@ -196,3 +196,17 @@ def test_the_status_table_and_json_show_progress_and_the_eta(settings, redis_cli
     assert snapshot["progress"]["done"] == 10 and snapshot["progress"]["total"] == 40
     assert snapshot["pages_per_s_last_minute"] == snapshot["progress"]["pages_per_s"] > 0.5
     assert "ETA" in stats.render(snapshot)
+
+
+def test_a_finished_crawl_with_a_trimmed_stream_is_not_sampled(redis_client, monkeypatch):
+    _add_at(redis_client, RESULTS_STREAM, -1000, -500)
+    _trim_all_but_the_last(redis_client, RESULTS_STREAM)
+
+    def no_sampling(_seconds: float) -> None:
+        raise AssertionError("nothing is left to do: no ETA to measure a rate for")
+
+    monkeypatch.setattr(crawl_progress.time, "sleep", no_sampling)
+    progress = crawl_progress.measure(redis_client, seen=2, finished=2, results=2, to_do=0)
+
+    assert progress["state"] == "done"
+    assert crawl_progress.progress_lines(progress)[0].endswith("| no rate measured | ETA done")

@@ -41,7 +41,14 @@ import redis
 from common.core.config import Settings
 from common.ops import cli
 from common.ops.fleet_dir import DIR_VARIABLE, LOCAL_VARIABLES, FleetDir, Proc, default_dir
-from common.ops.fleet_settings import SETTABLE, assignment, described, run_settings, running_text
+from common.ops.fleet_settings import (
+    SETTABLE,
+    assignment,
+    described,
+    from_environment,
+    run_settings,
+    running_text,
+)
 from common.ops.rabbit_node import RabbitNode
 from common.ops.servers import (
     ServicesUnavailable,
@@ -96,14 +103,18 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
     """``scrape-fleet up``."""
     args = _args(argv, prog, down=False)
     fleet: FleetDir = args.fleet
-    values = run_settings(fleet.read_settings(), os.environ,
-                          [assignment(text) for text in args.set], args.allow_network)
+    stored = fleet.read_settings()
+    values = run_settings(stored, os.environ, [assignment(text) for text in args.set],
+                          args.allow_network)
+    # A variable set for this `up` is kept too: say so, and how to forget it.
+    taken = [k for k, v in from_environment(os.environ).items()
+             if stored.get(k) != v and values.get(k) == v]
     procs, state = fleet.read_state()
     running = [p for p in procs if p.alive]
     if running:
         if len(running) == len(procs):
             print(started_text(fleet, int(str(state.get("workers", 0))), already=True))
-            if values != fleet.read_settings():
+            if values != stored:
                 fleet.write_settings(values)
                 print(f"settings saved in {fleet.settings_file}; {running_text(fleet)}")
             return cli.EXIT_OK
@@ -152,6 +163,9 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
         stop_fleet(fleet, timeout_s=30, say=lambda text: print(text, file=sys.stderr))
         raise
     print(started_text(fleet, args.workers))
+    if taken:
+        print(f"kept from the environment for the next runs: {', '.join(taken)} "
+              f"(`scrape-fleet config unset NAME` forgets one)")
     return cli.EXIT_OK
 
 

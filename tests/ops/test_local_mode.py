@@ -126,6 +126,7 @@ def test_a_newcomer_installs_starts_crawls_a_url_file_watches_exports_and_stops(
         assert "scrape-fleet produce -f urls.txt" in up.stdout
         assert "  RATE_LIMIT=40/second\n" in up.stdout
         assert "  FETCH_ALLOW_NETWORKS=127.0.0.0/8\n" in up.stdout
+        assert "kept from the environment for the next runs: LOG_LEVEL " in up.stdout
         assert unread("up") == (0, "")  # already up: it prints where everything is
         assert sorted(p.name for p in procs) == ["rabbitmq", "redis", "sink", "worker-1",
                                                  "worker-2"]
@@ -173,6 +174,7 @@ def test_a_newcomer_installs_starts_crawls_a_url_file_watches_exports_and_stops(
         assert again.returncode == 0, again.stdout + again.stderr
         assert "  RATE_LIMIT=40/second\n" in again.stdout
         assert "  FETCH_ALLOW_NETWORKS=127.0.0.0/8\n" in again.stdout
+        assert "kept from the environment" not in again.stdout  # LOG_LEVEL: kept already
         assert fleet("produce", last).returncode == 0
 
         def fetched() -> bool:  # a result, not a fetch_blocked dead letter: still allowed

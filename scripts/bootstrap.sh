@@ -5,7 +5,8 @@
 #      their own server from /usr/lib/postgresql/<version>/bin), docker-compose (the v1 client, used
 #      only to validate docker-compose.yml), kubectl (Debian's kubernetes-client: `kubectl
 #      kustomize` renders deploy/k8s in tests/test_deploy.py), nginx, strace (the local-mode
-#      secrets test) and python3-venv when venv is unavailable.
+#      secrets test), python3-venv when venv is unavailable, and python3 itself when .venv is
+#      to be made and /usr/bin/python3 is missing.
 #   2. .venv with requirements-dev.lock: every package pinned with its sha256 hashes, checked by
 #      pip (--require-hashes), wheels only; re-installed only when a lock changes. The locks are
 #      generated from requirements.txt and requirements-dev.txt (see requirements.txt's header).
@@ -30,27 +31,34 @@ have docker-compose || missing+=(docker-compose)
 have kubectl || missing+=(kubernetes-client)
 have nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 have strace || missing+=(strace)  # tests/ops/test_local_secrets.py traces every execve
-# The oldest supported Python is 3.11 (pyproject.toml's requires-python).
+# The Python to make .venv with (see the header); the oldest supported is 3.11
+# (pyproject.toml's requires-python).
 python_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; }
-if [ -n "${FLEET_PYTHON:-}" ]; then
-    python_ok "$FLEET_PYTHON" || {
-        echo "bootstrap: FLEET_PYTHON=$FLEET_PYTHON is not a Python 3.11 or later" >&2
+pick_python() {
+    if [ -n "${FLEET_PYTHON:-}" ]; then
+        python_ok "$FLEET_PYTHON" || {
+            echo "bootstrap: FLEET_PYTHON=$FLEET_PYTHON is not a Python 3.11 or later" >&2
+            exit 1
+        }
+        venv_python=$FLEET_PYTHON
+    elif python_ok /usr/bin/python3; then
+        venv_python=/usr/bin/python3
+    elif python_ok python3; then
+        venv_python=python3
+    else
+        echo "bootstrap: need Python 3.11 or later: /usr/bin/python3 and python3 are older" >&2
         exit 1
-    }
-    venv_python=$FLEET_PYTHON
-elif python_ok /usr/bin/python3; then
-    venv_python=/usr/bin/python3
-elif python_ok python3; then
-    venv_python=python3
-else
-    echo "bootstrap: need Python 3.11 or later: /usr/bin/python3 and python3 are older" >&2
-    exit 1
-fi
+    fi
+}
 venv_package=()
-# Debian and Ubuntu ship venv's pip (ensurepip) for /usr/bin/python3 in python3-venv.
-if [ ! -x .venv/bin/python ] && ! "$venv_python" -c 'import ensurepip, venv' >/dev/null 2>&1
-then
-    venv_package=(python3-venv)
+if [ ! -x .venv/bin/python ]; then
+    if [ -z "${FLEET_PYTHON:-}" ] && [ ! -e /usr/bin/python3 ]; then
+        venv_package=(python3 python3-venv)  # the distribution's own Python, with venv's pip
+    else
+        pick_python
+        # Debian and Ubuntu ship venv's pip (ensurepip) for /usr/bin/python3 in python3-venv.
+        "$venv_python" -c 'import ensurepip, venv' >/dev/null 2>&1 || venv_package=(python3-venv)
+    fi
 fi
 
 if [ "${#missing[@]}" -gt 0 ] || [ "${#venv_package[@]}" -gt 0 ]; then
@@ -75,6 +83,7 @@ else
     log "rabbitmq-server, redis-server, postgresql, docker-compose and kubectl are installed"
 fi
 
+pick_python
 if [ ! -x .venv/bin/python ]; then
     log "creating .venv with $venv_python ($("$venv_python" --version))"
     "$venv_python" -m venv .venv

@@ -1,5 +1,6 @@
 # Image for the worker and the producers (same image, different command).
-# Build: docker build -t scrape-fleet:local .   (docker-compose.yml does this for you)
+# Build: docker build -t scrape-fleet:local .   (`docker compose build` does this for you: the
+# `image` service of docker-compose.override.yml, the one service that builds)
 
 # The base image, by tag and by digest: a tag can be re-pushed, a digest cannot. PYTHON_DIGEST
 # is the tag's digest ("sha256:" and 64 hex digits, the multi-arch index digest printed by
@@ -28,9 +29,11 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /app
 
-# A fixed, unprivileged user; the code stays owned by root so the worker cannot change it.
+# A fixed, unprivileged user; the code stays owned by root so the worker cannot change it. Its
+# HOME exists (libraries that look there find it; compose's root filesystem is read-only).
 RUN groupadd --system --gid 10001 scraper \
-    && useradd --system --uid 10001 --gid scraper --no-create-home --shell /usr/sbin/nologin scraper
+    && useradd --system --uid 10001 --gid scraper --create-home --home-dir /home/scraper \
+       --shell /usr/sbin/nologin scraper
 
 # Dependencies first: this layer is rebuilt only when the lock changes. requirements.lock is
 # generated from requirements.txt (see its header): every package, direct or indirect, pinned
@@ -40,9 +43,15 @@ RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requireme
 
 COPY . .
 
-# The files sink's volume (compose: sink-files) takes this directory's owner when created.
+# The files sink's volume (compose: sink-files) and the WARC archive's (warc-archive) take
+# these directories' owner when created.
 # /app/extensions stays root's: user code is read, never written, by the fleet.
-RUN mkdir -p /data/results /app/extensions && chown 10001:10001 /data/results
+# No setuid/setgid file is left in the image: nothing in it can raise its privileges, which
+# is what no-new-privileges (compose's security_opt) ensures and Swarm cannot (it drops
+# security_opt); with the non-root user and cap_drop ALL, which Swarm keeps.
+RUN mkdir -p /data/results /data/archive /app/extensions \
+    && chown 10001:10001 /data/results /data/archive \
+    && find / -xdev -type f -perm /6000 -exec chmod a-s {} +
 
 USER 10001:10001
 

@@ -271,6 +271,8 @@ def stack_deploy_files(text: str) -> list[list[str]]:
     """The compose files of every `docker stack deploy` command in ``text``."""
     found = []
     for tokens in readme_commands(text):
+        while tokens and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", tokens[0]):
+            tokens = tokens[1:]  # VAR=value before the command
         if tokens[:3] == ["docker", "stack", "deploy"] and len(tokens) > 3:
             files = [tokens[i + 1] for i, t in enumerate(tokens)
                      if t in {"-c", "--compose-file"}]
@@ -278,8 +280,12 @@ def stack_deploy_files(text: str) -> list[list[str]]:
     return found
 
 
-def test_the_readme_deploys_the_stack_from_docker_compose_yml_alone():
-    assert stack_deploy_files(README.read_text()) == [["docker-compose.yml"]]
+def test_the_readme_deploys_the_stack_from_docker_compose_yml_and_swarm_files_only():
+    deploys = stack_deploy_files(README.read_text())
+    assert deploys and all(files[0] == "docker-compose.yml" for files in deploys)
+    extra = {file for files in deploys for file in files[1:]}
+    assert extra and all(f.startswith("deploy/swarm/") for f in extra), extra
+    assert all((REPO_ROOT / file).is_file() for file in extra)
 
 
 def test_the_swarm_file_uses_only_what_docker_stack_deploy_accepts(tmp_path):
@@ -344,8 +350,8 @@ def test_only_the_scrapers_metrics_listen_beyond_loopback_and_only_on_the_compos
         if name == "scraper":
             assert env["METRICS_HOST"] == "0.0.0.0" and env["METRICS_PORT"] == "9100"
             assert "ports" not in service  # reached over the compose network, never published
-        else:
-            assert "METRICS_HOST" not in env and "METRICS_PORT" not in env
+        else:  # unless .env sets them: the defaults, loopback and off
+            assert not env.get("METRICS_HOST") and not env.get("METRICS_PORT"), name
 
 
 def test_the_passwords_env_example_ships_are_placeholders_the_fleet_refuses():

@@ -54,10 +54,39 @@ def test_compose_config_refuses_to_render_without_the_secrets(tmp_path):
     assert "RABBITMQ_PASSWORD" in result.stderr
 
 
+@pytest.mark.parametrize("variable", ["RABBITMQ_PASSWORD", "REDIS_PASSWORD"])
+def test_compose_refuses_an_empty_password_and_swarm_takes_it_empty_for_its_secrets(
+        tmp_path, variable):
+    empty = {**env_example(), variable: ""}
+    result = compose_config(tmp_path, empty)
+    assert result.returncode != 0 and variable in result.stderr
+    # docker-compose.yml alone (Swarm) takes it empty (deploy/swarm/secrets.yml), not unset.
+    alone = compose_config(tmp_path, empty, files=("docker-compose.yml",))
+    assert alone.returncode == 0, alone.stderr
+    unset = {k: v for k, v in env_example().items() if k != variable}
+    alone = compose_config(tmp_path, unset, files=("docker-compose.yml",))
+    assert alone.returncode != 0 and variable in alone.stderr
+
+
 def test_compose_has_the_broker_redis_worker_and_tool_services(compose):
     assert set(compose["services"]) == {
         "rabbitmq", "redis", "scraper", "producer", "sitemap_producer", "tools", "prometheus",
-        "grafana", "sink", "sink-postgres", "postgres", "scheduler"}
+        "grafana", "sink", "sink-postgres", "postgres", "scheduler", "image"}
+
+
+def test_the_image_is_built_once_and_never_over_fleet_image(tmp_path):
+    # The defects: three services built the same image (dangling images), and with
+    # FLEET_IMAGE=my-derived `up --build` overwrote the user's image with a plain build.
+    services = yaml.safe_load(compose_config(
+        tmp_path, {**env_example(), "FLEET_IMAGE": "my-fleet:1"}).stdout)["services"]
+    builders = {name: s for name, s in services.items() if "build" in s}
+    assert list(builders) == ["image"]
+    assert builders["image"]["image"] == "scrape-fleet:local"
+    assert builders["image"]["deploy"]["replicas"] == 0, "builds, runs nothing"
+    for name in APP_SERVICES:
+        assert services[name]["image"] == "my-fleet:1", name
+    base = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())["services"]
+    assert not [name for name, s in base.items() if "build" in s], "Swarm builds nothing"
 
 
 def test_scraper_can_scale_with_no_container_name_and_no_ports(compose):
@@ -83,13 +112,33 @@ def test_a_plain_up_keeps_the_configured_number_of_scrapers(compose, tmp_path):
     assert yaml.safe_load(result.stdout)["services"]["scraper"]["deploy"]["replicas"] == 7
 
 
+def _published(service: dict[str, Any]) -> set[str]:
+    return {(port if isinstance(port, str) else f"{port.get('host_ip')}:{port}")
+            .removesuffix("/tcp") for port in service.get("ports", [])}
+
+
 def test_published_ports_are_bound_to_loopback_only(compose):
     for name, service in compose["services"].items():
-        for port in service.get("ports", []):
-            spec = port if isinstance(port, str) else f"{port.get('host_ip')}:{port}"
-            assert spec.startswith("127.0.0.1:"), (name, port)
-    assert {p.split(":")[1] for p in compose["services"]["rabbitmq"]["ports"]} == {
-        "5672", "15672"}
+        assert all(spec.startswith("127.0.0.1:") for spec in _published(service)), name
+    assert _published(compose["services"]["rabbitmq"]) == {"127.0.0.1:5672:5672",
+                                                           "127.0.0.1:15672:15672"}
+    assert _published(compose["services"]["redis"]) == {"127.0.0.1:6379:6379"}
+
+
+def test_host_ports_are_set_in_env(tmp_path):
+    # The defect: 5672/15672/6379 were fixed, so `up` failed with anything else on them.
+    moved = {"PUBLISH_AMQP_PORT": "25672", "PUBLISH_RABBITMQ_UI_PORT": "25673",
+             "PUBLISH_REDIS_PORT": "26379", "PUBLISH_PROMETHEUS_PORT": "29090",
+             "PUBLISH_GRAFANA_PORT": "23000", "PUBLISH_POSTGRES_PORT": "25432"}
+    assert set(moved) <= set(env_example())
+    result = compose_config(tmp_path, {**env_example(), **moved}, "monitoring", "postgres")
+    services = yaml.safe_load(result.stdout)["services"]
+    assert _published(services["rabbitmq"]) == {"127.0.0.1:25672:5672",
+                                                "127.0.0.1:25673:15672"}
+    assert _published(services["redis"]) == {"127.0.0.1:26379:6379"}
+    assert _published(services["prometheus"]) == {"127.0.0.1:29090:9090"}
+    assert _published(services["grafana"]) == {"127.0.0.1:23000:3000"}
+    assert _published(services["postgres"]) == {"127.0.0.1:25432:5432"}
 
 
 def test_app_services_wait_for_healthy_broker_and_redis(compose):
@@ -183,6 +232,16 @@ def test_the_files_sink_runs_by_default_like_the_scraper_onto_a_named_volume(com
     assert "sink-files" in compose["volumes"]
 
 
+def test_the_tools_read_the_files_sinks_results(compose):
+    # The defect: `docker compose run --rm tools python export.py` exported 0 records after a
+    # crawl (the files sink had trimmed the stream; tools did not see the sink's volume).
+    sink_dir = compose["services"]["sink"]["environment"]["SINK_DIR"]
+    for name in TOOL_SERVICES:
+        tool = compose["services"][name]
+        assert tool["environment"]["SINK_DIR"] == sink_dir, name
+        assert f"sink-files:{sink_dir}:ro" in tool["volumes"], name
+
+
 def test_postgres_and_its_sink_are_the_postgres_profile(compose):
     postgres, sink = compose["services"]["postgres"], compose["services"]["sink-postgres"]
     assert postgres["profiles"] == sink["profiles"] == ["postgres"]
@@ -238,3 +297,20 @@ def test_dockerfile_runs_the_worker_as_a_non_root_user():
 def test_dockerignore_keeps_secrets_history_and_user_code_out_of_the_build_context():
     patterns = set((REPO_ROOT / ".dockerignore").read_text().split())
     assert {".git", ".env", ".venv", "bench/out", "extensions", "deploy"} <= patterns
+
+
+def test_the_image_ships_the_app_only():
+    # The defect: the image carried NOTES.md, bench/ and the dev requirements.
+    lines = (REPO_ROOT / ".dockerignore").read_text().splitlines()
+    patterns = {line.strip() for line in lines if not line.startswith("#")}
+    assert {"NOTES.md", "bench", "tests", "devtools", "scripts", "monitoring",
+            "requirements-dev.txt", "requirements-dev.lock"} <= patterns
+    assert "requirements.lock" not in patterns and "common" not in patterns
+
+
+def test_the_app_user_has_a_home_and_the_image_no_setuid_file():
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    assert "--create-home --home-dir /home/scraper" in dockerfile
+    assert "--no-create-home" not in dockerfile
+    # What Swarm keeps in place of no-new-privileges, which it drops.
+    assert "-perm /6000 -exec chmod a-s" in dockerfile

@@ -7,9 +7,11 @@ to the next address when one refuses), so a fleet spreads over the nodes and a p
 node died reconnects to a live one: the worker's session loop and the producer call
 :func:`connect_rabbitmq` again after a lost connection.
 
-:func:`connect_rabbitmq` fails fast with :class:`ServiceUnavailable` once
+:func:`connect_rabbitmq` fails with :class:`ServiceUnavailable` once
 ``settings.connect_retry_s`` has passed, so an entry script can print one clear line and exit
-non-zero. Authentication failures and bad vhosts are never retried: retrying them only delays
+non-zero; with CONNECT_RETRY_S=inf (compose and Swarm's long-running services: Swarm starts
+them in any order) it waits as long as it takes, logging "waiting for RabbitMQ at HOST:PORT"
+every 10 s. Authentication failures and bad vhosts are never retried: retrying them only delays
 the operator's fix.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 
 import pika
 import pika.exceptions
@@ -56,11 +59,16 @@ def _where(params: pika.URLParameters) -> str:
     return f"{params.host}:{params.port}{params.virtual_host}"
 
 
-def connect_rabbitmq(settings: Settings) -> pika.BlockingConnection:
-    """A BlockingConnection to a live node, retried with backoff.
+def connect_rabbitmq(settings: Settings,
+                     stop: threading.Event | None = None) -> pika.BlockingConnection:
+    """A BlockingConnection to a live node, retried with backoff (CONNECT_RETRY_S).
+
+    Args:
+        stop: ends the wait at once when set (a worker asked to stop).
 
     Raises:
-        ServiceUnavailable: the broker refused our credentials or no node became reachable.
+        ServiceUnavailable: the broker refused our credentials, no node became reachable, or
+            ``stop`` was set.
     """
     where = ", ".join(_where(amqp_parameters(settings, url)) for url in settings.rabbitmq_urls)
 
@@ -77,7 +85,7 @@ def connect_rabbitmq(settings: Settings) -> pika.BlockingConnection:
         return connection
 
     return keep_trying(connect, timeout_s=settings.connect_retry_s, retry_on=_RETRYABLE,
-                       service="RabbitMQ", where=where)
+                       service="RabbitMQ", where=where, stop=stop)
 
 
 def open_publisher(settings: Settings) -> tuple[pika.BlockingConnection, ConfirmingPublisher]:

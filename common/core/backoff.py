@@ -4,7 +4,9 @@ reconnect to RabbitMQ or Redis. Both are exponential with "equal jitter"."""
 from __future__ import annotations
 
 import logging
+import math
 import random
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -16,6 +18,7 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_after_delay,
+    stop_when_event_set,
 )
 
 from common.core.errors import ServiceUnavailable
@@ -76,40 +79,62 @@ def reconnect_delay_s(attempt: int, rng: random.Random | None = None) -> float:
                              rng=rng)
 
 
+#: How often a process waiting for RabbitMQ or Redis says it is still waiting.
+WAITING_LOG_EVERY_S = 10.0
+
+
 def keep_trying(connect: Callable[[], T], *, timeout_s: float,
-                retry_on: tuple[type[BaseException], ...], service: str, where: str) -> T:
+                retry_on: tuple[type[BaseException], ...], service: str, where: str,
+                stop: threading.Event | None = None) -> T:
     """``connect()`` until it returns, retrying ``retry_on`` errors with the reconnect policy.
+    ``timeout_s`` may be ``inf`` (CONNECT_RETRY_S=inf: a container started before its broker
+    waits for it); either way the wait is logged once at the first failure, then every
+    :data:`WAITING_LOG_EVERY_S`. ``stop`` (a worker's stop request) ends the wait at once.
 
     Raises:
-        ServiceUnavailable: still failing after ``timeout_s``, naming the service, where it
-            was looked for and the last error. Errors outside ``retry_on`` pass through.
+        ServiceUnavailable: still failing after ``timeout_s``, or ``stop`` set, naming the
+            service, where it was looked for and the last error. Errors outside ``retry_on``
+            pass through.
     """
     try:
-        for attempt in reconnecting(timeout_s, retry_on, service):
+        for attempt in reconnecting(timeout_s, retry_on, service, where, stop):
             with attempt:
                 return connect()
     except RetryError as exc:
         cause = exc.last_attempt.exception()
-        raise ServiceUnavailable(f"{service} at {where} unreachable after {timeout_s:g}s: "
+        waited = ("stopped while waiting" if stop is not None and stop.is_set()
+                  else f"unreachable after {timeout_s:g}s")
+        raise ServiceUnavailable(f"{service} at {where} {waited}: "
                                  f"{type(cause).__name__}: {cause}") from None
     raise AssertionError("unreachable")  # pragma: no cover - Retrying either returns or raises
 
 
 def reconnecting(timeout_s: float, retry_on: tuple[type[BaseException], ...],
-                 service: str) -> Retrying:
+                 service: str, where: str, stop: threading.Event | None = None) -> Retrying:
     """A tenacity ``Retrying`` that tries ``service`` again with :func:`reconnect_delay_s`
-    while ``retry_on`` is raised, logging each wait, and gives up after ``timeout_s``."""
+    while ``retry_on`` is raised, saying "waiting for SERVICE at WHERE" at the first failure
+    and every :data:`WAITING_LOG_EVERY_S` after (each attempt at debug), and gives up after
+    ``timeout_s`` or as soon as ``stop`` is set."""
+    limit = "no time limit" if math.isinf(timeout_s) else f"giving up after {timeout_s:g} s"
+    next_log_s = [0.0]
 
     def log_retry(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
-        logger.warning("%s unreachable (%s: %s); retry %d in %.1fs", service,
-                       type(exc).__name__, exc, state.attempt_number,
-                       state.next_action.sleep if state.next_action else 0.0)
+        waited_s = state.seconds_since_start or 0.0
+        logger.debug("%s at %s unreachable (%s: %s); retry %d in %.1fs", service, where,
+                     type(exc).__name__, exc, state.attempt_number,
+                     state.next_action.sleep if state.next_action else 0.0)
+        if waited_s >= next_log_s[0]:
+            next_log_s[0] = waited_s + WAITING_LOG_EVERY_S
+            logger.warning("waiting for %s at %s (%s: %s): %.0f s so far, %s (CONNECT_RETRY_S)",
+                           service, where, type(exc).__name__, exc, waited_s, limit)
 
+    stopped = stop or threading.Event()
     return Retrying(
         retry=retry_if_exception_type(retry_on),
-        stop=stop_after_delay(timeout_s),
+        stop=stop_after_delay(timeout_s) | stop_when_event_set(stopped),
         wait=lambda state: reconnect_delay_s(state.attempt_number),
+        sleep=stopped.wait,  # a stop request wakes the wait
         before_sleep=log_retry,
         reraise=False,
     )

@@ -10,6 +10,9 @@ marked ``url`` through :func:`common.core.redact.redact_url`, in errors, ``repr(
 (what ``python -m common.core.config`` prints) and README's table; :meth:`Settings.secrets`
 is what the log formatters and error printers scrub.
 
+An empty variable counts as unset. A password, or a URL that may carry one, can come from a
+file instead: ``RABBITMQ_PASSWORD_FILE=/run/secrets/...`` (:func:`raw_value`).
+
 Entry scripts call :func:`load_settings` once and pass the result down explicitly; nothing
 else in ``common/`` reads ``os.environ``.
 """
@@ -223,8 +226,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     source = os.environ if env is None else env
     values: dict[str, Any] = {}
     for knob in KNOBS:
-        raw = source.get(knob.env)
-        if raw is None or (raw == "" and knob.default is None):
+        raw = raw_value(knob, source)
+        if raw is None:
             continue
         try:
             values[knob.attr] = knob.parse(raw)
@@ -232,6 +235,39 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             raise knob.invalid(raw, exc) from None
         refuse_placeholder(knob, values[knob.attr])
     return Settings(**values)
+
+
+def raw_value(knob: Knob, source: Mapping[str, str]) -> str | None:
+    """The text of ``knob`` in ``source``: its variable, else the file its ``*_FILE`` variable
+    names (a password or a URL carrying one: Swarm and Compose secrets), else None.
+
+    An empty value is no value (the knob's default applies): Compose passes every setting to
+    every service as ``NAME: ${NAME:-}``, empty where .env does not set it. A file's content
+    loses one trailing newline (``echo pw > file``), nothing else.
+
+    Raises:
+        ConfigError: both the variable and its ``*_FILE`` are set, or the file cannot be read
+            or is empty; naming the variable and the path, never the content.
+    """
+    raw = source.get(knob.env) or None
+    file_env = knob.file_env
+    path = source.get(file_env) if file_env else None
+    if not path:
+        return raw
+    if raw is not None:
+        raise ConfigError(f"{knob.env} and {file_env} are both set: keep one")
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"{file_env}={path!r}: cannot read it "
+                          f"({type(exc).__name__}: {exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{file_env}={path!r}: not UTF-8 text") from None
+    text = text.removesuffix("\n").removesuffix("\r")
+    if not text:
+        raise ConfigError(f"{file_env}={path!r}: the file is empty")
+    return text
 
 
 #: How every password in .env.example starts: one still there was never set.

@@ -2,7 +2,8 @@
 
 :data:`KNOBS` is what :func:`common.core.config.load_settings` reads and what README's
 configuration table is generated from (``python -m devtools.readme``). A knob marked ``secret``
-or ``url`` is never shown with its password.
+or ``url`` is never shown with its password, and may be read from a file instead
+(``NAME_FILE``, :attr:`Knob.file_env`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ class Knob:
     help: str
     secret: bool = False  #: a password: shown as *** wherever settings are shown
     url: bool = False  #: a URL that may carry a password: shown through redact_url
+
+    @property
+    def file_env(self) -> str | None:
+        """``NAME_FILE`` for a password or a URL that may carry one (a file holding the value:
+        a Swarm or Compose secret); None for other knobs."""
+        return f"{self.env}_FILE" if self.secret or self.url else None
 
     def show(self, value: str | None) -> str | None:
         """How a value of this knob may be shown (None stays None)."""
@@ -69,8 +76,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("RABBITMQ_PORT", "rabbitmq_port", values.port, "5672", "Broker AMQP port."),
     Knob("RABBITMQ_USER", "rabbitmq_user", values.text, None,
          "Broker user (unset: pika's default, which RabbitMQ accepts from loopback only)."),
-    Knob("RABBITMQ_PASSWORD", "rabbitmq_password", values.text, None, "Broker password.",
-         secret=True),
+    Knob("RABBITMQ_PASSWORD", "rabbitmq_password", values.text, None,
+         "Broker password; or RABBITMQ_PASSWORD_FILE, a file holding it (a Swarm secret; "
+         "every password and URL knob has its `_FILE`).", secret=True),
     Knob("RABBITMQ_VHOST", "rabbitmq_vhost", values.text, "/", "Broker virtual host."),
     Knob("RABBITMQ_HEARTBEAT_S", "rabbitmq_heartbeat_s", values.non_negative_int, "30",
          "AMQP heartbeat; fetches run off the I/O thread so long fetches never miss it."),
@@ -80,15 +88,16 @@ KNOBS: tuple[Knob, ...] = (
     Knob("REDIS_HOST", "redis_host", values.text, "localhost", "Redis host."),
     Knob("REDIS_PORT", "redis_port", values.port, "6379", "Redis port."),
     Knob("REDIS_DB", "redis_db", values.non_negative_int, "0", "Redis database number."),
-    Knob("REDIS_PASSWORD", "redis_password", values.text, None, "Redis password (AUTH).",
-         secret=True),
+    Knob("REDIS_PASSWORD", "redis_password", values.text, None,
+         "Redis password (AUTH); or REDIS_PASSWORD_FILE, a file holding it.", secret=True),
     Knob("REDIS_SENTINELS", "redis_sentinels", values.host_ports, "",
          "Sentinels host:port,... : every process finds the primary through them and follows "
          "a failover (REDIS_URL then gives only the password, database and TLS). Empty: off."),
     Knob("REDIS_SENTINEL_MASTER", "redis_sentinel_master", values.text, "mymaster",
          "Name the sentinels monitor the primary under (`sentinel monitor NAME ...`)."),
     Knob("REDIS_SENTINEL_PASSWORD", "redis_sentinel_password", values.text, None,
-         "Password of the sentinels themselves (their requirepass), if any.", secret=True),
+         "Password of the sentinels themselves (their requirepass), if any; or "
+         "REDIS_SENTINEL_PASSWORD_FILE.", secret=True),
     Knob("REDIS_MIN_REPLICAS", "redis_min_replicas", values.non_negative_int, "0",
          "A result counts as recorded (and its delivery is acked) only once this many replicas "
          "have it (WAIT); 0: off, no extra wait."),
@@ -99,7 +108,9 @@ KNOBS: tuple[Knob, ...] = (
          "primary's done mark. A demoted primary ends the wait at once: the page is redone on "
          "the new one."),
     Knob("CONNECT_RETRY_S", "connect_retry_s", values.non_negative_float, "30",
-         "How long to retry reaching RabbitMQ/Redis (exponential backoff) before giving up."),
+         "How long to retry reaching RabbitMQ/Redis (exponential backoff) before giving up "
+         "(exit 3); `inf`: wait as long as it takes, saying so every 10 s (what compose and "
+         "Swarm give the worker, sink and scheduler)."),
     Knob("WORKER_ID", "worker_id", values.text, None,
          "Worker id in logs and results (default: hostname-pid)."),
     Knob("WORKER_CONCURRENCY", "concurrency", values.positive_int, "8",

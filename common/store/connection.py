@@ -95,7 +95,9 @@ def describe(settings: Settings) -> str:
         sentinels = ",".join(f"{host}:{port}" for host, port in settings.redis_sentinels)
         return f"primary {settings.redis_sentinel_master!r} of Sentinel {sentinels}"
     client_kwargs = parse_url(settings.redis_url)
-    return str(client_kwargs.get("host") or client_kwargs.get("path") or "redis")
+    if client_kwargs.get("host"):
+        return f"{client_kwargs['host']}:{client_kwargs.get('port', 6379)}"
+    return str(client_kwargs.get("path") or "redis")
 
 
 def connect_redis(settings: Settings, **kwargs: Any) -> FleetRedis:

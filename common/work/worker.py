@@ -136,9 +136,10 @@ class Worker:
                     losses = 1 if self._consumed_since_connect else losses + 1
                     time.sleep(reconnect_delay_s(losses))
                 except ServiceUnavailable as exc:
-                    # At start-up an unreachable broker is a configuration problem: exit 3.
-                    # Once we have worked, keep trying without a human (broker restarts).
-                    if not connected_once or self._stop.is_set():
+                    if self._stop.is_set():
+                        break  # stopped while waiting for the broker: nothing in hand
+                    # Unreachable at start-up: exit 3; once we have worked, keep trying.
+                    if not connected_once:
                         raise
                     logger.warning("%s; still retrying", exc)
                     self._drop_connection()
@@ -163,7 +164,7 @@ class Worker:
             self._completed.clear()  # their channel is gone: the broker redelivers them
             self._wake_scheduled = False
         self._consumed_since_connect = False
-        self._connection = connect_rabbitmq(self.settings)
+        self._connection = connect_rabbitmq(self.settings, stop=self._stop)
         self._generation_started = True
         topology.declare(self._connection.channel(), self.settings.queue_type)
         self._publisher = ConfirmingPublisher(self._connection)

@@ -18,8 +18,10 @@ Links are published *before* the page's result is recorded, and a link is marked
 once its publish is confirmed: if the worker dies in between, the redelivered page extracts
 them again and publishes what was not marked. While a page publishes its new links they are
 claimed for it (``claim:{fp}``), so two pages linking the same new URL at the same moment
-publish it once; the redelivered page takes its own claims over. Each fetch thread owns its
-own Producer (AMQP connection), created on first use.
+publish it once; the redelivered page takes its own claims over. Seeds are claimed the same
+way by their producer, so a page linking a seed (itself) whose confirm is still on its way
+skips it: each page fetched once, seeds too. Each fetch thread owns its own Producer (AMQP
+connection), created on first use.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ import redis
 
 from common.core.config import Settings
 from common.core.urls import domain_of, setting_host
-from common.intake.hosts import HostCheck
 from common.intake.producer import Producer, ProduceSummary
 from common.store.keys import crawl_pages_key
 from common.web.robots import RobotsRules
@@ -75,10 +76,7 @@ class ThreadProducers:
     def get(self) -> Producer:
         producer = getattr(self._local, "producer", None)
         if producer is None:
-            # Literal addresses the guard blocks are not queued (no dead letter per page
-            # linking them); names are left to the fetch: a lookup here would stall the loop.
-            producer = Producer(self.settings, self.client,
-                                hosts=HostCheck.from_settings(self.settings, resolve=False))
+            producer = Producer(self.settings, self.client)
             self._local.producer = producer
             with self._lock:
                 self._producers.append(producer)

@@ -94,21 +94,19 @@ class HostCheck:
 
     Args:
         guard: the workers' guard (:meth:`from_settings`: FETCH_ALLOW_NETWORKS).
-        resolve: resolve host names; False judges literal addresses only (crawl mode, where a
-            blocking lookup would stall a fetch loop: names are left to the worker).
+        resolve_timeout_s: how long a batch waits for its new names to resolve.
     """
 
-    def __init__(self, guard: AddressGuard, *, resolve: bool = True,
+    def __init__(self, guard: AddressGuard, *,
                  resolve_timeout_s: float = RESOLVE_TIMEOUT_S) -> None:
         self.guard = guard
-        self.resolve = resolve
         self.resolve_timeout_s = resolve_timeout_s
         self._verdicts: dict[str, str | None] = {}  # host -> a blocked address, or None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, resolve: bool = True) -> HostCheck:
-        return cls(AddressGuard(settings.fetch_allow_networks), resolve=resolve)
+    def from_settings(cls, settings: Settings) -> HostCheck:
+        return cls(AddressGuard(settings.fetch_allow_networks))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -145,9 +143,6 @@ class HostCheck:
                 continue
             self._verdicts[host] = None if self.guard.allowed(host) else host
         if not names:
-            return
-        if not self.resolve:
-            self._verdicts.update(dict.fromkeys(names))
             return
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(RESOLVE_THREADS,

@@ -17,7 +17,7 @@ and a URL that never gets through is left unmarked, its claim dropped, and count
 
 URLs whose host the fetch address guard refuses (FETCH_ALLOW_NETWORKS) are reported, not
 queued and not marked seen, when the producer is given a :class:`HostCheck`
-(common/intake/hosts.py): the seeding commands, and crawl mode for literal addresses.
+(common/intake/hosts.py): the seeding commands (producer.py, sitemap_producer.py).
 
 Fairness (common/intake/defer.py): before publishing, one more Lua call gives each URL its
 domain's next release slot; URLs due later than DEFER_LEAD_S are written to Redis instead

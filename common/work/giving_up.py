@@ -108,13 +108,16 @@ class GivingUp:
                 self.done.add(mark)
             return
         self.results.record_failure(record, mark)
-        if record.get("failure") == "fetch_blocked" and not record.get("url_truncated"):
+        if (record.get("failure") == "fetch_blocked" and record.get("depth") == 0
+                and not record.get("url_truncated")):
             self._release_blocked(record["url"], mark)
 
     def _release_blocked(self, url: str, mark: DoneMark | None) -> None:
-        """A URL the address guard refused is not final: once FETCH_ALLOW_NETWORKS allows its
+        """A seed the address guard refused is not final: once FETCH_ALLOW_NETWORKS allows its
         network, producing it again must fetch it. Its done and seen marks go (one round
-        trip), after its one failure record is in (as an expired message's seen mark)."""
+        trip), after its one failure record is in (as an expired message's seen mark). Links
+        (depth > 0) keep theirs: no one produces them again, but every other page linking
+        them would, each to one more dead letter; ``dlq replay`` retries them."""
         fp = fingerprint(url)
         pipe = self.client.pipeline(transaction=False)
         if mark is not None:

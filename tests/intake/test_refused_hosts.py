@@ -6,6 +6,7 @@ connected to)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 
 import pytest
@@ -67,28 +68,37 @@ def test_refused_urls_produced_again_once_their_network_is_allowed_are_fetched_o
     assert all(blocked_site.count(f"/page/{n}") == 1 for n in range(1, 5))
 
 
-def test_a_url_dead_lettered_as_fetch_blocked_is_released_and_fetched_when_produced_again(
+def test_a_seed_dead_lettered_as_fetch_blocked_is_released_and_fetched_when_produced_again(
         settings, redis_client, amqp_channel, blocked_site):
     """The producer's look is not the last word (a name may resolve differently at the
-    worker, a producer may not check): the worker's guard refuses, and the URL is released."""
-    url = blocked_site.page_url(2)
-    with Producer(settings, redis_client) as producer:  # allows 127.0.0.0/8, no host check
-        assert producer.submit([url]).new == 1
-    blocked = settings.with_overrides(fetch_allow_networks=(), idle_exit_s=1.5)
-    with WorkerThread(blocked) as worker:
-        assert wait_for(lambda: redis_client.xlen("failures") == 1, timeout_s=30)
-        assert worker.join(60) == 0
-    [failure] = [json.loads(fields[b"json"]) for _id, fields in redis_client.xrange("failures")]
-    assert failure["url"] == url and failure["failure"] == "fetch_blocked"
-    assert queue_depth(amqp_channel, topology.FAILED_QUEUE) == 1
-    assert _seen(settings, redis_client, [url]) == [False], "the seen mark was not released"
-    assert not DoneSet(redis_client, settings.seen_buckets).contains(
-        DoneSet(redis_client, settings.seen_buckets).mark_for(url))
-    assert blocked_site.log == []
+    worker, dlq replay does not look): the worker's guard refuses, and a seed is released. A
+    link keeps its marks: other pages linking it would each dead-letter it again."""
+    site, seed, link = blocked_site, blocked_site.page_url(2), blocked_site.page_url(3)
+    with TestSite("127.0.0.14", pages=1) as allowed_site:
+        allowed_site.route("/page/1", lambda _r: (
+            200, {"Content-Type": "text/html"}, f'<a href="{link}">b</a>'.encode()))
+        with Producer(settings, redis_client) as producer:  # no host check, as dlq replay
+            assert producer.submit([seed, allowed_site.page_url(1)]).new == 2
+        blocked = settings.with_overrides(
+            fetch_allow_networks=(ipaddress.ip_network("127.0.0.14/32"),), idle_exit_s=1.5,
+            crawl_enabled=True, crawl_allowed_domains="127.0.0.13,127.0.0.14")
+        with WorkerThread(blocked) as worker:
+            assert wait_for(lambda: redis_client.xlen("failures") == 2, timeout_s=30)
+            assert worker.join(60) == 0
+    failures = {json.loads(fields[b"json"])["url"]: json.loads(fields[b"json"])
+                for _id, fields in redis_client.xrange("failures")}
+    assert set(failures) == {seed, link}
+    assert {f["failure"] for f in failures.values()} == {"fetch_blocked"}
+    assert queue_depth(amqp_channel, topology.FAILED_QUEUE) == 2
+    done = DoneSet(redis_client, settings.seen_buckets)
+    assert _seen(settings, redis_client, [seed, link]) == [False, True], \
+        "the seed's seen mark released, the link's kept"
+    assert [done.contains(done.mark_for(url)) for url in (seed, link)] == [False, True]
+    assert site.log == []
 
     with Producer(settings, redis_client) as producer:
-        assert producer.submit([url]).new == 1, "produced again after allowing: a duplicate"
+        assert producer.submit([seed]).new == 1, "produced again after allowing: a duplicate"
     with WorkerThread(settings.with_overrides(idle_exit_s=1.5)) as worker:
         assert worker.join(60) == 0
-    assert [r["url"] for r in results(redis_client)] == [url]
-    assert blocked_site.count("/page/2") == 1
+    assert seed in [r["url"] for r in results(redis_client)]
+    assert site.count("/page/2") == 1

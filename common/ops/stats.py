@@ -126,7 +126,7 @@ def collect(settings: Settings, connection: pika.BlockingConnection, client: red
         worker["beat_age_s"] = age
         worker["stale"] = age > 2 * worker.get("interval_s", 5)
     seen = SeenSet(client, settings.seen_buckets).count()
-    to_do = status_counts.to_do(client, queues, delayed, workers)
+    to_do = status_counts.to_do(client, queues, delayed, workers, seen=seen, finished=finished)
     progress = crawl_progress.measure(client, seen=seen, finished=finished,
                                       results=results["recorded"], to_do=to_do["total"])
     dead = status_counts.dead_letters(connection, counters,

@@ -90,19 +90,29 @@ def dead_letters(connection: pika.BlockingConnection, counters: dict[str, int],
 
 
 def to_do(client: redis.Redis, queues: dict[str, dict[str, Any]], delayed: int,
-          workers: list[dict[str, Any]]) -> dict[str, int]:
-    """What is still pending, by where it waits; ``total`` is their sum."""
+          workers: list[dict[str, Any]], *, seen: int, finished: int) -> dict[str, int]:
+    """What is still pending, by where it waits; ``total`` is their sum.
+
+    In flight is what the management API last sampled as unacknowledged (else what the
+    heartbeats last said), but never more than the URLs known and not otherwise accounted for
+    (seen - finished - ready - delayed - deferred, when that is not negative: a recrawl's
+    refreshes make it so). Both samples are up to 5 s old (the management API's statistics
+    interval, the heartbeat's): right after a crawl they may still hold a prefetch's worth,
+    in local mode 2 workers x 16 = 32, likely the "32 to do" of a finished crawl in issue 24.
+    """
     unacked = [queues[name]["unacked"] for name in topology.WORK_QUEUES]
-    in_flight = (sum(unacked) if None not in unacked
-                 else sum(w.get("in_flight", 0) for w in workers))
+    reported = (sum(unacked) if None not in unacked
+                else sum(w.get("in_flight", 0) for w in workers))
     pipe = client.pipeline(transaction=False)
     pipe.zcard(DEFERRED)
     pipe.zcard(DEFERRED_INFLIGHT)
     waiting, releasing = pipe.execute()
     parts = {"ready": sum(queues[name]["ready"] for name in topology.WORK_QUEUES),
-             "delayed": delayed, "deferred": int(waiting) + int(releasing),
-             "in_flight": in_flight}
-    return {**parts, "total": sum(parts.values())}
+             "delayed": delayed, "deferred": int(waiting) + int(releasing)}
+    unaccounted = seen - finished - sum(parts.values())
+    in_flight = min(reported, unaccounted) if unaccounted >= 0 else reported
+    return {**parts, "in_flight": in_flight, "total": sum(parts.values()) + in_flight,
+            "in_flight_reported": reported}
 
 
 def _text(value: bytes | str) -> str:

@@ -9,7 +9,8 @@ the terminal (top rows of domains and workers with ``+N more``, long lines cut).
   ``rate_from`` (``window`` or ``counters``), ``eta_s`` (null when stalled), ``state``
   (``running``, ``stalled``, ``done``, ``idle``): common/ops/crawl_progress.py;
 - ``to_do``: where the pending URLs wait: ``ready``, ``delayed``, ``deferred``,
-  ``in_flight``, ``total`` (= ``progress.to_do``);
+  ``in_flight``, ``total`` (= ``progress.to_do``), and ``in_flight_reported`` (what the
+  management API or the heartbeats last said, before the cap: common/ops/status_counts.py);
 - ``results`` (results ever recorded) and ``results_detail``: ``recorded``, ``in_stream``,
   ``source`` (``sinks`` or ``stream``), ``sinks``: name -> ``written``, ``waiting``;
 - ``dead_letters``: ``now``, ``now_by_reason`` (of the first ``by_reason_of`` browsed),

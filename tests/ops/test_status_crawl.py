@@ -11,11 +11,21 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from common.core.urls import fingerprint
 from common.intake.producer import Producer
-from common.store.keys import DEFERRED, DEFERRED_COUNTS, RESULTS_STREAM
+from common.store.dedupe import SeenSet
+from common.store.keys import (
+    DEFERRED,
+    DEFERRED_COUNTS,
+    DONE_PREFIX,
+    RESULTS_STREAM,
+    SEEN_PREFIX,
+    worker_key,
+)
 from tests.helpers import REPO_ROOT, TEST_ENV, output_of, start_worker_process, wait_for
 from tests.sink.parts import lines
 
@@ -98,7 +108,8 @@ def test_status_during_and_after_a_crawl_with_a_files_sink_tells_one_consistent_
     for snapshot in during:
         assert TOP_KEYS <= set(snapshot) and set(snapshot["progress"]) == PROGRESS_KEYS
         assert _adds_up(snapshot["progress"]), snapshot["progress"]
-        assert set(snapshot["to_do"]) == {"ready", "delayed", "deferred", "in_flight", "total"}
+        assert set(snapshot["to_do"]) == {"ready", "delayed", "deferred", "in_flight", "total",
+                                          "in_flight_reported"}
         assert snapshot["to_do"]["total"] == snapshot["progress"]["to_do"]
     middle = during[-1]["progress"]
     assert middle["state"] == "running" and middle["outcomes_per_s"] > 0, middle
@@ -147,6 +158,27 @@ def test_to_do_counts_deferred_urls_by_what_waits_not_by_a_per_domain_tally(
 
     assert finished["progress"]["to_do"] == 0 and finished["progress"]["state"] != "running"
     assert waiting["to_do"]["deferred"] == 1 and waiting["progress"]["to_do"] == 1
+
+
+def test_a_finished_crawl_has_nothing_in_flight_whatever_the_last_samples_said(
+        settings, redis_client, run_cli):
+    # Every URL known is done, nothing is queued; the heartbeats (like the management API's
+    # statistics, up to 5 s old) still say what two workers held a moment ago.
+    fingerprints = [fingerprint(f"https://example.test/{n}") for n in range(32)]
+    for prefix in (SEEN_PREFIX, DONE_PREFIX):
+        SeenSet(redis_client, settings.seen_buckets, prefix).add_many(fingerprints)
+    for worker_id in ("local-1", "local-2"):
+        redis_client.set(worker_key(worker_id), json.dumps(
+            {"id": worker_id, "host": "h", "pid": 1, "started": 0, "processed": 16,
+             "in_flight": 16, "current": [], "interval_s": 5.0, "beat": time.time(),
+             "pressure": {}}), ex=60)
+
+    snapshot = json.loads(run_cli("stats.py", "--json").stdout)
+
+    assert snapshot["progress"]["to_do"] == 0 and snapshot["progress"]["state"] == "done"
+    assert snapshot["to_do"]["in_flight"] == 0
+    if snapshot["queues"]["url_queue_ttl"]["unacked"] is None:  # no management API here
+        assert snapshot["to_do"]["in_flight_reported"] == 32
 
 
 def test_the_live_view_keeps_the_dead_letter_reasons_while_no_count_moves(

@@ -222,12 +222,15 @@ def _worker_rows(snapshot: dict[str, Any], width: int | None) -> list[str]:
     and the current URLs in what is left of the line."""
     rows = []
     for w in snapshot["workers"]:
+        # Its deliveries by outcome: a URL parked for its turn comes back, so "processed"
+        # counts it each time; done and failed are the progress line's.
+        outcomes = w.get("outcomes") or {}
+        counts = (f"done={outcomes.get('result', 0)} failed={outcomes.get('dead_letter', 0)} "
+                  f"delayed={outcomes.get('delay', 0)} in_flight={w['in_flight']}")
         if width is None:
-            row = (f"  {w['id']} on {w['host']}: {worker_state(w)}, processed="
-                   f"{w['processed']} in_flight={w['in_flight']}")
+            row = f"  {w['id']} on {w['host']}: {worker_state(w)}, {counts}"
         else:
-            state = worker_state(w).split(" (", 1)[0]
-            row = f"  {w['id']}: {state}, processed={w['processed']} in_flight={w['in_flight']}"
+            row = f"  {w['id']}: {worker_state(w).split(' (', 1)[0]}, {counts}"
         current = list(w.get("current") or [])[:3]
         room = None if width is None else width - len(row) - len(" current=")
         if current and (room is None or room >= 12):  # URLs take what is left of the line

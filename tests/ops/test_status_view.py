@@ -52,6 +52,7 @@ def _busy_snapshot(workers: int = 12, domains: int = 30) -> dict:
                                   "through_in_s": 600} for n in range(10)]},
         "workers": [{"id": f"worker-{n:02d}", "host": "host-with-a-long-name.internal",
                      "processed": 10_000 + n, "in_flight": 16,
+                     "outcomes": {"result": 3000 + n, "dead_letter": 2, "delay": 7000},
                      "current": [f"https://site-{n}.example.org/a/very/long/path/{i}?query=1"
                                  for i in range(3)],
                      "pressure": ({"paused": True, "reason": "Redis memory",
@@ -94,6 +95,8 @@ def test_a_pipe_gets_every_worker_and_every_line_whole():
 
     assert sum(line.startswith("  worker-") for line in text.splitlines()) == 40
     assert "current=https://site-39.example.org/a/very/long/path/0?query=1" in text
+    assert ("  worker-00 on host-with-a-long-name.internal: paused: Redis memory (0.93 of "
+            "maxmemory, resume below 0.8), done=3000 failed=2 delayed=7000 in_flight=16") in text
     assert "pause above 0.9, resume below 0.8" in text  # the pressure line in full
     assert "domains (requests in window / limit): (+20 more)" in text  # the top 10 listed
 

@@ -17,6 +17,7 @@ from common.intake.producer import Producer
 from common.store.dedupe import DoneSet, SeenSet
 from devtools.testsite import TestSite
 from tests.helpers import WorkerThread, queue_depth, results, wait_for
+from tests.intake.sitemap_bodies import urlset
 
 
 @pytest.fixture
@@ -102,3 +103,18 @@ def test_a_seed_dead_lettered_as_fetch_blocked_is_released_and_fetched_when_prod
         assert worker.join(60) == 0
     assert seed in [r["url"] for r in results(redis_client)]
     assert site.count("/page/2") == 1
+
+
+def test_sitemap_urls_whose_host_the_guard_blocks_are_refused_with_the_same_hint(
+        settings, redis_client, run_cli, amqp_channel):
+    with TestSite("127.0.0.15", pages=1) as site:  # the sitemap's host, allowed
+        other = "http://127.0.0.16:9/blocked"  # listed, blocked, never connected to
+        site.route("/map.xml", lambda _r: (200, {"Content-Type": "application/xml"},
+                                           urlset(site.url("/ok"), other)))
+        result = run_cli("sitemap_producer.py", site.url("/map.xml"),
+                         env={"FETCH_ALLOW_NETWORKS": "127.0.0.15/32"})
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "new=1" in result.stdout and "refused=1" in result.stdout, result.stdout
+    assert other in result.stderr and "FETCH_ALLOW_NETWORKS=127.0.0.0/8" in result.stderr
+    assert _seen(settings, redis_client, [other]) == [False]
+    assert queue_depth(amqp_channel, topology.NORMAL_QUEUE) == 1

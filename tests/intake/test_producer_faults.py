@@ -106,8 +106,8 @@ def test_in_crawl_mode_seeds_linking_to_themselves_are_fetched_once_across_a_pro
                 200, {"Content-Type": "text/html"},
                 f'<html><body><a href="/self/{n}">me</a></body></html>'.encode()))
         urls = [site.url(f"/self/{n}") for n in range(20)]
-        crawl = settings.with_overrides(crawl_enabled=True, idle_exit_s=12, concurrency=4)
-        with WorkerThread(crawl) as worker:
+        crawl = settings.with_overrides(crawl_enabled=True, idle_exit_s=6, concurrency=4)
+        with WorkerThread(crawl) as worker:  # running while the producer publishes and dies
             killed = run_cli("producer.py", *urls,
                              env={"PRODUCER_BATCH": "10", "CRAWL_ENABLED": "1",
                                   "PYTHONPATH": _killing_sitecustomize(tmp_path, point)})
@@ -115,9 +115,11 @@ def test_in_crawl_mode_seeds_linking_to_themselves_are_fetched_once_across_a_pro
             # What got through before the kill is fetched, its links read and skipped.
             assert wait_for(lambda: _drained(settings) and not worker.worker.ledger.inflight
                             and site.count("/self/0") == 1, timeout_s=20)
-            rerun = run_cli("producer.py", *urls, "--json",
-                            env={"PRODUCER_BATCH": "10", "CRAWL_ENABLED": "1"})
-            assert rerun.returncode == 0, rerun.stderr[-2000:]
+            assert worker.join(60) == 0
+        rerun = run_cli("producer.py", *urls, "--json",
+                        env={"PRODUCER_BATCH": "10", "CRAWL_ENABLED": "1"})
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+        with WorkerThread(crawl.with_overrides(idle_exit_s=1.5)) as worker:
             assert worker.join(60) == 0
         fetched = Counter(r.path for r in site.log if r.path != "/robots.txt")
     assert fetched == {f"/self/{n}": 1 for n in range(20)}, "each seed fetched once"

@@ -17,7 +17,7 @@ from tests.helpers import REPO_ROOT, WorkerThread, results
 
 SEEDS = 5
 #: How long the producer sits between its batch's confirms and marking the batch seen.
-SLOW_MARK_S = 3.0
+SLOW_MARK_S = 4.0
 
 
 def slow_after_confirms(tmp_path, delay_s: float) -> str:

@@ -95,8 +95,10 @@ def collect(settings: Settings, connection: pika.BlockingConnection, client: red
             previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """One snapshot of the fleet, as a JSON-ready dict (its keys: common/ops/status_view.py);
     ``previous``: the last refresh's snapshot (``--watch``)."""
-    # Outcomes before what is left: a URL finishing in between is then counted in neither
-    # (``other`` for a moment), not in both.
+    # The URLs known first, then the outcomes, then what is left: a URL found meanwhile (crawl
+    # mode) is then in the queue, not yet known (the total takes the larger), rather than
+    # known and nowhere; a URL finishing meanwhile is in neither (``other`` for a moment).
+    seen = SeenSet(client, settings.seen_buckets).count()
     finished, results = status_counts.outcomes_and_results(client)
     channel = connection.channel()
     topology.declare(channel, settings.queue_type)
@@ -125,7 +127,6 @@ def collect(settings: Settings, connection: pika.BlockingConnection, client: red
         age = round(max(0.0, time.time() - worker.get("beat", time.time())), 1)
         worker["beat_age_s"] = age
         worker["stale"] = age > 2 * worker.get("interval_s", 5)
-    seen = SeenSet(client, settings.seen_buckets).count()
     to_do = status_counts.to_do(client, queues, delayed, workers, seen=seen, finished=finished)
     progress = crawl_progress.measure(client, seen=seen, finished=finished,
                                       results=results["recorded"], to_do=to_do["total"])

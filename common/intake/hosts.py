@@ -15,11 +15,12 @@ user a queue of URLs bound to fail, and says how to allow them (:meth:`Refused.h
 
 from __future__ import annotations
 
-import concurrent.futures
 import ipaddress
 import logging
+import queue
 import socket
-from collections.abc import Iterable
+import threading
+import time
 from dataclasses import dataclass, field
 
 from common.core.config import Settings
@@ -28,9 +29,11 @@ from common.web.netguard import AddressGuard
 
 logger = logging.getLogger(__name__)
 
-#: How long one batch waits for its new host names to resolve; later answers are not waited for.
+#: How long one batch waits for its new host names to resolve; a name unanswered by then is
+#: let through (the workers' guard decides), and later batches use its answer.
 RESOLVE_TIMEOUT_S = 2.0
-RESOLVE_THREADS = 16
+#: Lookups at a time: a few, as resolvers throttle bursts of parallel queries.
+RESOLVE_THREADS = 4
 #: Host verdicts kept per run; past it the cache starts again (a crawl over many hosts).
 CACHE_MAX_HOSTS = 100_000
 #: Refused URLs a summary names (the count has them all).
@@ -44,7 +47,7 @@ _KNOWN = tuple(ipaddress.ip_network(n) for n in (
 
 def network_to_allow(address: str) -> str:
     """The CIDR to suggest for a refused address: its well-known range, else the address."""
-    ip = ipaddress.ip_address(address)
+    ip = ipaddress.ip_address(address.split("%", 1)[0])  # fe80::1%eth0: no zone in a CIDR
     for network in _KNOWN:
         if ip.version == network.version and ip in network:
             return str(network)
@@ -60,11 +63,10 @@ class Refused:
     examples: list[tuple[str, str]] = field(default_factory=list)  # (url, address)
     networks: list[str] = field(default_factory=list)
 
-    def add(self, url: str, address: str) -> None:
+    def add(self, url: str, address: str, network: str) -> None:
         self.count += 1
         if len(self.examples) < EXAMPLES:
             self.examples.append((url, address))
-        network = network_to_allow(address)
         if network not in self.networks:
             self.networks.append(network)
 
@@ -92,6 +94,11 @@ class Refused:
 class HostCheck:
     """Which URLs the fetch address guard would refuse, host by host, cached for the run.
 
+    Host names are looked up by a few daemon threads (a lookup cannot be interrupted, and a
+    slow resolver must neither stall the producer for long nor keep it from exiting): a batch
+    waits at most ``resolve_timeout_s`` for its new names, and a name still unanswered then is
+    let through, as one that does not resolve (a later batch uses its answer once it comes).
+
     Args:
         guard: the workers' guard (:meth:`from_settings`: FETCH_ALLOW_NETWORKS).
         resolve_timeout_s: how long a batch waits for its new names to resolve.
@@ -101,17 +108,16 @@ class HostCheck:
                  resolve_timeout_s: float = RESOLVE_TIMEOUT_S) -> None:
         self.guard = guard
         self.resolve_timeout_s = resolve_timeout_s
-        self._verdicts: dict[str, str | None] = {}  # host -> a blocked address, or None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._verdicts: dict[str, tuple[str, str] | None] = {}  # host -> (address, network)
+        self._answers: dict[str, list[str]] = {}  # name -> addresses, written by the lookups
+        self._asked: set[str] = set()
+        self._lookups: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._answered = threading.Condition()
+        self._threads: list[threading.Thread] = []
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HostCheck:
         return cls(AddressGuard(settings.fetch_allow_networks))
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
 
     def keep_allowed(self, candidates: list[tuple[str, Fingerprint]], refused: Refused
                      ) -> list[tuple[str, Fingerprint]]:
@@ -121,42 +127,65 @@ class HostCheck:
         self._judge(set(hosts.values()))
         kept = []
         for url, fp in candidates:
-            address = self._verdicts.get(hosts[url])
-            if address is None:
+            verdict = self._verdicts.get(hosts[url])
+            if verdict is None:
                 kept.append((url, fp))
             else:
-                refused.add(url, address)
+                refused.add(url, *verdict)
         return kept
 
-    def _judge(self, hosts: Iterable[str]) -> None:
-        new = [host for host in hosts if host not in self._verdicts]
-        if not new:
-            return
-        if len(self._verdicts) + len(new) > CACHE_MAX_HOSTS:
+    def _judge(self, hosts: set[str]) -> None:
+        if len(self._verdicts) > CACHE_MAX_HOSTS:
             self._verdicts.clear()
+            self._asked.clear()
         names = []
-        for host in new:
+        for host in hosts - self._verdicts.keys():
             try:
                 ipaddress.ip_address(host)
             except ValueError:
                 names.append(host)
                 continue
-            self._verdicts[host] = None if self.guard.allowed(host) else host
-        if not names:
-            return
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(RESOLVE_THREADS,
-                                                               thread_name_prefix="resolve")
-        futures = {self._pool.submit(_addresses, name): name for name in names}
-        done, late = concurrent.futures.wait(futures, timeout=self.resolve_timeout_s)
-        for future in late:
-            logger.info("host %s did not resolve within %.1fs: left to the workers' guard",
-                        futures[future], self.resolve_timeout_s)
-        for future, name in futures.items():
-            addresses = future.result() if future in done else []
-            blocked = [a for a in addresses if not self.guard.allowed(a)]
-            self._verdicts[name] = blocked[0] if addresses and len(blocked) == len(
-                addresses) else None
+            self._verdicts[host] = self._verdict([host])
+        if names:
+            self._resolve(names)
+
+    def _resolve(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self._asked:
+                self._asked.add(name)
+                self._lookups.put(name)
+        while len(self._threads) < min(RESOLVE_THREADS, len(self._asked)):
+            thread = threading.Thread(target=self._look_up, name="resolve", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        deadline = time.monotonic() + self.resolve_timeout_s
+        with self._answered:
+            while not all(name in self._answers for name in names):
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._answered.wait(left):
+                    break
+        for name in names:
+            if name in self._answers:
+                self._verdicts[name] = self._verdict(self._answers.pop(name))
+            else:
+                logger.info("host %s did not resolve within %.1fs: left to the workers' guard",
+                            name, self.resolve_timeout_s)
+
+    def _verdict(self, addresses: list[str]) -> tuple[str, str] | None:
+        """(a blocked address, the network to allow) when the guard blocks every address;
+        None when any is allowed or there is none (a name that does not resolve)."""
+        blocked = [address for address in addresses if not self.guard.allowed(address)]
+        if not addresses or len(blocked) < len(addresses):
+            return None
+        return blocked[0], network_to_allow(blocked[0])
+
+    def _look_up(self) -> None:
+        while True:
+            name = self._lookups.get()
+            addresses = _addresses(name)
+            with self._answered:
+                self._answers[name] = addresses
+                self._answered.notify_all()
 
 
 def _addresses(host: str) -> list[str]:

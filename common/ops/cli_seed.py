@@ -73,13 +73,10 @@ def produce_main(settings: Settings, argv: list[str] | None = None,
             return cli.EXIT_CONFIG
     redis_client = connect_redis(settings)
     hosts = HostCheck.from_settings(settings)
-    try:
-        with (Producer(settings, redis_client, hosts=hosts) as producer,
-              Progress(None, "seeding") as progress):
-            summary = producer.submit(progress.track(iter_inputs(args)),
-                                      force_priority=args.priority, recrawl=args.recrawl)
-    finally:
-        hosts.close()
+    with (Producer(settings, redis_client, hosts=hosts) as producer,
+          Progress(None, "seeding") as progress):
+        summary = producer.submit(progress.track(iter_inputs(args)),
+                                  force_priority=args.priority, recrawl=args.recrawl)
     print(json.dumps(summary.as_dict()) if args.json else summary.line())
     return _refused_said(summary)
 
@@ -137,7 +134,6 @@ def sitemap_main(settings: Settings, argv: list[str] | None = None,
                                       on_progress=_advancing(progress))
             print(json.dumps(report.as_dict()) if args.json else report.line(), flush=True)
             reports.append(report)
-    hosts.close()
     total = ProduceSummary()
     for report in reports:
         total.merge(report.summary)

@@ -124,7 +124,8 @@ def test_status_during_and_after_a_crawl_with_a_files_sink_tells_one_consistent_
     results = after["results_detail"]
     assert after["results"] == results["recorded"] == PAGES
     assert results["source"] == "sinks" and results["sinks"]["files"]["written"] == PAGES
-    assert redis_client.xlen(RESULTS_STREAM) == results["in_stream"] < PAGES  # trimmed
+    # Trimmed; the sink may trim more after that snapshot, before it stops.
+    assert redis_client.xlen(RESULTS_STREAM) <= results["in_stream"] < PAGES
     assert sum(1 for line in lines(parts) if line["stream"] == "results") == PAGES
 
     # Dead letters now (in the queue) and ever (counters), by reason; purged: none now.

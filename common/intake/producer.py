@@ -173,8 +173,8 @@ class Producer:
                 ``nonce`` so its outcome is recorded once, as a new result of its own.
             depth: crawl depth written into the messages.
             keep: called with the canonical URLs that passed dedupe; returns one bool each.
-                URLs it rejects (e.g. over a per-domain page budget) are released from the
-                seen-set again and counted as ``over_budget``.
+                URLs it rejects (e.g. over a per-domain page budget) are not published nor
+                marked seen, their claims are dropped, and they count as ``over_budget``.
             claim_token: claim each new URL for this token before publishing it (crawl mode:
                 the page's own token); URLs claimed by another token count as duplicates.
                 Without it the producer claims them with its own token, taking over the

@@ -21,6 +21,7 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from common.core.config import Settings
@@ -75,8 +76,9 @@ class Refused:
         self.examples.extend(other.examples[:EXAMPLES - len(self.examples)])
         self.networks.extend(n for n in other.networks if n not in self.networks)
 
-    def hint(self) -> str:
-        """What to tell the user: which URLs, why, and how to produce them again."""
+    def hint(self, allowed: Iterable[object] = ()) -> str:
+        """What to tell the user: which URLs, why, and how to produce them again; ``allowed``
+        is FETCH_ALLOW_NETWORKS now (kept in the value suggested)."""
         if not self.count:
             return ""
         lines = [f"refused {self.count} URL(s): the fetch address guard blocks their "
@@ -84,10 +86,15 @@ class Refused:
         lines += [f"  {url}  ({address})" for url, address in self.examples]
         if self.count > len(self.examples):
             lines.append(f"  ... and {self.count - len(self.examples)} more")
-        networks = ",".join(self.networks)
-        lines.append(f"to fetch them, allow the network for the workers and the producer: "
-                     f"FETCH_ALLOW_NETWORKS={networks} (local mode: `scrape-fleet up "
-                     f"--allow-network {networks}`), then produce them again.")
+        value = ",".join(dict.fromkeys([*(str(n) for n in allowed), *self.networks]))
+        # up --allow-network takes private networks only, one a flag; --set takes any.
+        if all(ipaddress.ip_network(n).is_private for n in self.networks):
+            local = " ".join(f"--allow-network {n}" for n in self.networks)
+        else:
+            local = f"--set FETCH_ALLOW_NETWORKS={value}"
+        lines.append(f"to fetch them, allow their network for the workers and the producer: "
+                     f"FETCH_ALLOW_NETWORKS={value} (local mode: `scrape-fleet up {local}`), "
+                     f"then produce them again.")
         return "\n".join(lines)
 
 

@@ -78,14 +78,14 @@ def produce_main(settings: Settings, argv: list[str] | None = None,
         summary = producer.submit(progress.track(iter_inputs(args)),
                                   force_priority=args.priority, recrawl=args.recrawl)
     print(json.dumps(summary.as_dict()) if args.json else summary.line())
-    return _refused_said(summary)
+    return _refused_said(summary, settings)
 
 
-def _refused_said(summary: ProduceSummary) -> int:
+def _refused_said(summary: ProduceSummary, settings: Settings) -> int:
     """Tell stderr which URLs the address guard refused and how to retry them; the exit
     code: partial when some URL was refused or not published."""
     if summary.refused.count:
-        print(summary.refused.hint(), file=sys.stderr)
+        print(summary.refused.hint(settings.fetch_allow_networks), file=sys.stderr)
     return cli.EXIT_PARTIAL if summary.failed or summary.refused.count else cli.EXIT_OK
 
 
@@ -141,5 +141,5 @@ def sitemap_main(settings: Settings, argv: list[str] | None = None,
         print(f"total sites={len(reports)} sitemaps={sum(r.sitemaps for r in reports)} "
               f"errors={sum(len(r.errors) for r in reports)} "
               f"filtered={sum(r.filtered for r in reports)} {total.line()}")
-    refused = _refused_said(total)
+    refused = _refused_said(total, settings)
     return cli.EXIT_PARTIAL if any(r.failed for r in reports) else refused

@@ -44,8 +44,8 @@ def test_urls_whose_host_the_guard_blocks_are_refused_reported_and_not_marked_se
     assert (summary["new"], summary["refused"], summary["duplicate"]) == (2, 2, 0)
     hint = produced.stderr
     assert "refused 2 URL(s)" in hint and literal in hint and named in hint
-    assert "FETCH_ALLOW_NETWORKS=127.0.0.0/8" in hint
-    assert "scrape-fleet up --allow-network 127.0.0.0/8" in hint
+    assert "FETCH_ALLOW_NETWORKS=127.0.0.5/32,127.0.0.0/8 " in hint  # added to what is set
+    assert "scrape-fleet up --allow-network 127.0.0.0/8`" in hint
     assert "produce them again" in hint
     assert _seen(settings, redis_client, [allowed, literal, named, unresolvable]) == [
         True, False, False, True]
@@ -115,6 +115,6 @@ def test_sitemap_urls_whose_host_the_guard_blocks_are_refused_with_the_same_hint
                          env={"FETCH_ALLOW_NETWORKS": "127.0.0.15/32"})
     assert result.returncode == 1, result.stderr[-2000:]
     assert "new=1" in result.stdout and "refused=1" in result.stdout, result.stdout
-    assert other in result.stderr and "FETCH_ALLOW_NETWORKS=127.0.0.0/8" in result.stderr
+    assert other in result.stderr and "FETCH_ALLOW_NETWORKS=127.0.0.15/32,127.0.0.0/8 " in result.stderr
     assert _seen(settings, redis_client, [other]) == [False]
     assert queue_depth(amqp_channel, topology.NORMAL_QUEUE) == 1

@@ -126,6 +126,25 @@ class HostCheck:
     def from_settings(cls, settings: Settings) -> HostCheck:
         return cls(AddressGuard(settings.fetch_allow_networks))
 
+    @classmethod
+    def for_fleet(cls, settings: Settings, workers: Iterable[dict]) -> HostCheck:
+        """The guard of the workers that will fetch: the networks the live workers' heartbeats
+        say they allow (their FETCH_ALLOW_NETWORKS, together), else this process's own. A
+        producer whose FETCH_ALLOW_NETWORKS differs from the workers' (set on the scrapers
+        only) neither refuses what they would fetch nor lets through what none would."""
+        told = [w["fetch_allow_networks"] for w in workers
+                if isinstance(w.get("fetch_allow_networks"), list)]
+        if not told:
+            return cls.from_settings(settings)
+        networks = {ipaddress.ip_network(n, strict=False) for one in told for n in one}
+        own = set(settings.fetch_allow_networks)
+        if networks != own:
+            logger.info("checking hosts against the %d live workers' FETCH_ALLOW_NETWORKS "
+                        "(%s), not this process's (%s)", len(told),
+                        ",".join(sorted(map(str, networks))) or "none",
+                        ",".join(sorted(map(str, own))) or "none")
+        return cls(AddressGuard(sorted(networks, key=str)))
+
     def keep_allowed(self, candidates: list[tuple[str, Fingerprint]], refused: Refused
                      ) -> list[tuple[str, Fingerprint]]:
         """The candidates (canonical URL, fingerprint) whose host the guard lets through; the

@@ -21,6 +21,7 @@ from common.intake.sitemaps import SitemapReader, SiteReport, parse_since, produ
 from common.ops import cli
 from common.ops.progress import Progress
 from common.store.connection import connect_redis
+from common.work.heartbeat import alive_workers
 
 
 def produce_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
@@ -72,20 +73,20 @@ def produce_main(settings: Settings, argv: list[str] | None = None,
             print(f"error: no such file: {path}", file=sys.stderr)
             return cli.EXIT_CONFIG
     redis_client = connect_redis(settings)
-    hosts = HostCheck.from_settings(settings)
+    hosts = HostCheck.for_fleet(settings, alive_workers(redis_client))
     with (Producer(settings, redis_client, hosts=hosts) as producer,
           Progress(None, "seeding") as progress):
         summary = producer.submit(progress.track(iter_inputs(args)),
                                   force_priority=args.priority, recrawl=args.recrawl)
     print(json.dumps(summary.as_dict()) if args.json else summary.line())
-    return _refused_said(summary, settings)
+    return _refused_said(summary, hosts)
 
 
-def _refused_said(summary: ProduceSummary, settings: Settings) -> int:
+def _refused_said(summary: ProduceSummary, hosts: HostCheck) -> int:
     """Tell stderr which URLs the address guard refused and how to retry them; the exit
     code: partial when some URL was refused or not published."""
     if summary.refused.count:
-        print(summary.refused.hint(settings.fetch_allow_networks), file=sys.stderr)
+        print(summary.refused.hint(hosts.guard.allow), file=sys.stderr)
     return cli.EXIT_PARTIAL if summary.failed or summary.refused.count else cli.EXIT_OK
 
 
@@ -125,7 +126,7 @@ def sitemap_main(settings: Settings, argv: list[str] | None = None,
     redis_client = connect_redis(settings)
     reader = SitemapReader(settings, redis_client)
     reports: list[SiteReport] = []
-    hosts = HostCheck.from_settings(settings)
+    hosts = HostCheck.for_fleet(settings, alive_workers(redis_client))
     with Producer(settings, redis_client, hosts=hosts) as producer:
         for target in args.targets:
             with Progress(None, f"sitemaps {target}") as progress:
@@ -141,5 +142,5 @@ def sitemap_main(settings: Settings, argv: list[str] | None = None,
         print(f"total sites={len(reports)} sitemaps={sum(r.sitemaps for r in reports)} "
               f"errors={sum(len(r.errors) for r in reports)} "
               f"filtered={sum(r.filtered for r in reports)} {total.line()}")
-    refused = _refused_said(total, settings)
+    refused = _refused_said(total, hosts)
     return cli.EXIT_PARTIAL if any(r.failed for r in reports) else refused

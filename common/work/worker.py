@@ -108,6 +108,8 @@ class Worker:
         return {"processed": self.processed, "outcomes": dict(self.outcomes),
                 "in_flight": len(self.ledger.inflight), "current": self.loops.current_urls(),
                 "concurrency": self.settings.concurrency,
+                # What the producers check seeds against (common/intake/hosts.py for_fleet).
+                "fetch_allow_networks": [str(n) for n in self.settings.fetch_allow_networks],
                 "pressure": self.pressure.verdict.as_dict()}
 
     def install_signal_handlers(self) -> None:

@@ -69,6 +69,26 @@ def test_refused_urls_produced_again_once_their_network_is_allowed_are_fetched_o
     assert all(blocked_site.count(f"/page/{n}") == 1 for n in range(1, 5))
 
 
+def test_a_producer_checks_hosts_against_the_networks_the_live_workers_allow_not_its_own(
+        settings, redis_client, run_cli, blocked_site):
+    """FETCH_ALLOW_NETWORKS set on the scrapers only (compose-e2e's override does): the
+    workers' heartbeats say what they allow, and the producer goes by that."""
+    urls = [blocked_site.page_url(n) for n in range(1, 3)]
+    workers = settings.with_overrides(idle_exit_s=3.0, heartbeat_interval_s=0.2,
+                                      fetch_allow_networks=(ipaddress.ip_network("127.0.0.13/32"),))
+    with WorkerThread(workers) as worker:
+        assert wait_for(lambda: redis_client.keys("workers:*"), 10)
+        produced = run_cli("producer.py", *urls, "--json", env={"FETCH_ALLOW_NETWORKS": ""})
+        assert produced.returncode == 0, produced.stderr[-2000:]
+        assert json.loads(produced.stdout)["new"] == 2, produced.stdout
+        assert worker.join(60) == 0
+    assert sorted(r["url"] for r in results(redis_client)) == sorted(urls)
+    # No worker alive: the producer's own setting decides again.
+    alone = run_cli("producer.py", blocked_site.page_url(3), "--json",
+                    env={"FETCH_ALLOW_NETWORKS": ""})
+    assert json.loads(alone.stdout)["refused"] == 1, alone.stdout
+
+
 def test_a_seed_dead_lettered_as_fetch_blocked_is_released_and_fetched_when_produced_again(
         settings, redis_client, amqp_channel, blocked_site):
     """The producer's look is not the last word (a name may resolve differently at the

@@ -104,11 +104,11 @@ class Worker:
         self._stop.set()
 
     def snapshot(self) -> dict[str, Any]:
-        """What the heartbeat publishes about this worker."""
+        """What the heartbeat publishes about this worker (fetch_allow_networks: what producers
+        check seeds against, common/intake/hosts.py for_fleet)."""
         return {"processed": self.processed, "outcomes": dict(self.outcomes),
                 "in_flight": len(self.ledger.inflight), "current": self.loops.current_urls(),
                 "concurrency": self.settings.concurrency,
-                # What the producers check seeds against (common/intake/hosts.py for_fleet).
                 "fetch_allow_networks": [str(n) for n in self.settings.fetch_allow_networks],
                 "pressure": self.pressure.verdict.as_dict()}
 

@@ -19,9 +19,8 @@ Backpressure (common/work/pressure.py): a monitor thread checks Redis every PRES
 while its verdict says pause, the main thread cancels the consumers (new messages wait in
 RabbitMQ) and consumes again on resume; what was received finishes normally (not idle).
 
-Stopping: the first SIGTERM/SIGINT cancels the consumers, returns not-yet-started deliveries to
-the broker, lets running fetches finish and be acked, then exits 0. A second signal exits at
-once; the broker redelivers whatever was unacked.
+Stopping: the first SIGTERM/SIGINT cancels the consumers, returns not-yet-started deliveries,
+lets running fetches finish and be acked, then exits 0. A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -104,8 +103,7 @@ class Worker:
         self._stop.set()
 
     def snapshot(self) -> dict[str, Any]:
-        """What the heartbeat publishes about this worker (fetch_allow_networks: what producers
-        check seeds against, common/intake/hosts.py for_fleet)."""
+        """What the heartbeat publishes (producers check seeds against fetch_allow_networks)."""
         return {"processed": self.processed, "outcomes": dict(self.outcomes),
                 "in_flight": len(self.ledger.inflight), "current": self.loops.current_urls(),
                 "concurrency": self.settings.concurrency,

@@ -25,6 +25,7 @@ SAMPLE_MAX_S while nothing finishes (none when nothing is left to do): a 2 s rea
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,8 @@ from typing import Any
 import redis
 
 from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, STATUS_READINGS
+
+logger = logging.getLogger(__name__)
 
 WINDOW_S = 60
 #: The first wait for a second reading of the counters when no stored one is at hand.
@@ -79,7 +82,10 @@ def store_reading(client: redis.Redis, reading: Reading) -> None:
     pipe.zremrangebyscore(STATUS_READINGS, "-inf",
                           f"({reading.at_ms - STATUS_READINGS_KEEP_S * 1000}")
     pipe.pexpire(STATUS_READINGS, _READINGS_TTL_MS)
-    pipe.execute()
+    try:
+        pipe.execute()
+    except redis.exceptions.OutOfMemoryError:
+        logger.info("status reading not kept: Redis is over maxmemory (the fleet is paused)")
 
 
 def earliest_reading(client: redis.Redis, now_ms: int) -> Reading | None:

@@ -45,13 +45,13 @@ def outcomes_and_results(client: redis.Redis) -> tuple[int, dict[str, Any]]:
     """URLs in the done-set and the ``results`` part of the snapshot (results recorded, still
     in the stream, written by each registered sink), read in one transaction."""
     buckets = list(client.scan_iter(match=f"{DONE_PREFIX}*", count=1000))
-    pipe = client.pipeline(transaction=True)
-    for key in buckets:
-        pipe.scard(key)
-    pipe.smembers(SINKS)
-    pipe.xinfo_stream(RESULTS_STREAM)
-    pipe.xinfo_groups(RESULTS_STREAM)
-    *sizes, names, info, groups = pipe.execute(raise_on_error=False)
+    try:
+        *sizes, names, info, groups = _read(client, buckets, transaction=True)
+    except redis.exceptions.OutOfMemoryError:
+        # Over maxmemory Redis refuses to queue any command of a MULTI, reads too: read them
+        # one after the other (a URL finishing in between lands in "other"), as status must
+        # work exactly when the fleet is paused for memory.
+        *sizes, names, info, groups = _read(client, buckets, transaction=False)
     if isinstance(info, redis.ResponseError):  # no stream yet: nothing recorded
         info, groups = {"entries-added": 0, "length": 0}, []
     recorded = int(info["entries-added"])
@@ -65,6 +65,16 @@ def outcomes_and_results(client: redis.Redis) -> tuple[int, dict[str, Any]]:
                          "waiting": None if written is None else max(0, recorded - written)}
     return sum(sizes), {"recorded": recorded, "in_stream": int(info["length"]),
                         "source": "sinks" if by_sink else "stream", "sinks": by_sink}
+
+
+def _read(client: redis.Redis, buckets: list[Any], *, transaction: bool) -> list[Any]:
+    pipe = client.pipeline(transaction=transaction)
+    for key in buckets:
+        pipe.scard(key)
+    pipe.smembers(SINKS)
+    pipe.xinfo_stream(RESULTS_STREAM)
+    pipe.xinfo_groups(RESULTS_STREAM)
+    return pipe.execute(raise_on_error=False)
 
 
 def dead_letters(connection: pika.BlockingConnection, counters: dict[str, int],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,30 @@ def start_worker_process(settings: Settings, *args: str, env: dict[str, str] | N
                             text=True, **popen)
     proc.log_file = log  # type: ignore[attr-defined]
     return proc
+
+
+@contextmanager
+def files_sink_process(settings: Settings, directory: Path, log: Path, *,
+                       env: dict[str, str] | None = None,
+                       kill: bool = False) -> Iterator[subprocess.Popen]:
+    """``python sink.py files --dir DIRECTORY`` in the background, its output in ``log``; on
+    the way out, if the test did not stop it: SIGTERM and a wait, or SIGKILL with ``kill``."""
+    full = dict(os.environ, **TEST_ENV, **(env or {}), REDIS_URL=settings.redis_url,
+                RABBITMQ_URL=settings.rabbitmq_url, PYTHONUNBUFFERED="1")
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "sink.py", "files", "--dir", str(directory)],
+                                cwd=REPO_ROOT, env=full, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            if kill:
+                proc.kill()
+                proc.wait()
+            else:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(30)
 
 
 def wait_workers_ok(procs: list[subprocess.Popen], timeout_s: float) -> None:

@@ -17,12 +17,8 @@ import collections
 import contextlib
 import json
 import logging
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -34,7 +30,13 @@ from common.store.keys import COUNTERS, FAILURES_STREAM, RESULTS_STREAM, sink_gr
 from common.work.heartbeat import alive_workers
 from common.work.pressure import MEMORY
 from devtools.testsite import TestSite
-from tests.helpers import REPO_ROOT, TEST_ENV, WorkerThread, own_channel, queue_depth, wait_for
+from tests.helpers import (
+    WorkerThread,
+    files_sink_process,
+    own_channel,
+    queue_depth,
+    wait_for,
+)
 from tests.sink.parts import finalized, lines, open_parts
 
 PAGES = 250
@@ -74,24 +76,6 @@ def _consumers(settings, queue: str) -> int:
 
 def _used(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
-
-
-@contextlib.contextmanager
-def _sink_process(settings, directory: Path, log: Path) -> Iterator[subprocess.Popen]:
-    """``python sink.py files --dir DIRECTORY`` in the background, its output in ``log``;
-    killed on the way out if the test did not stop it."""
-    env = dict(os.environ, **TEST_ENV, **SINK_ENV, REDIS_URL=settings.redis_url,
-               RABBITMQ_URL=settings.rabbitmq_url, PYTHONUNBUFFERED="1")
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "sink.py", "files", "--dir", str(directory)],
-                                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def _transitions(records: list[logging.LogRecord], running: WorkerThread) -> list[str]:
@@ -188,7 +172,7 @@ def test_a_crawl_that_fills_redis_pauses_the_fleet_until_a_sink_drains_it_and_lo
         assert f"resume below {LOW:g})" in table, table
 
         # A sink drains the backlog and the fleet resumes by itself (maxmemory untouched).
-        sink = stack.enter_context(_sink_process(own, parts, sink_log))
+        sink = stack.enter_context(files_sink_process(own, parts, sink_log, env=SINK_ENV, kill=True))
         for running in fleet:
             assert running.join(300) == 0, "the workers finish the crawl, then exit idle"
         assert wait_for(lambda: redis_client.xlen(RESULTS_STREAM) == 0, 120), \

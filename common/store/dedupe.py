@@ -118,23 +118,6 @@ CLAIM_TTL_MS = 120_000
 #: starts so: another producer takes such a claim over, a page never does.
 PRODUCER_TOKEN_PREFIX = "producer:"
 
-# Each KEYS[i] is claim:{fp}. ARGV[1] token, ARGV[2] ttl ms. Returns 1 per key the caller
-# holds now (newly claimed, or already claimed with the same token), else 0.
-CLAIM_LUA = """
-local held = {}
-for i, key in ipairs(KEYS) do
-  if redis.call('SET', key, ARGV[1], 'NX', 'PX', ARGV[2]) then
-    held[i] = 1
-  elseif redis.call('GET', key) == ARGV[1] then
-    redis.call('PEXPIRE', key, ARGV[2])
-    held[i] = 1
-  else
-    held[i] = 0
-  end
-end
-return held
-"""
-
 # The seen check and the claim in one atomic step, so no claim is taken on a URL that another
 # caller marked seen (and dropped its claim) between a separate check and claim.
 # KEYS[2i-1] the seen bucket of URL i, KEYS[2i] its claim:{fp}. ARGV[1] token, ARGV[2] ttl ms,
@@ -198,17 +181,9 @@ class Claims:
     def __init__(self, client: redis.Redis, ttl_ms: int = CLAIM_TTL_MS) -> None:
         self.client = client
         self.ttl_ms = ttl_ms
-        self._claim = client.register_script(CLAIM_LUA)
         self._claim_unseen = client.register_script(CLAIM_UNSEEN_LUA)
         self._seen_unclaim = client.register_script(SEEN_UNCLAIM_LUA)
         self._release = client.register_script(RELEASE_LUA)
-
-    def take(self, fps: Sequence[Fingerprint], token: str) -> list[bool]:
-        """Claim ``fps`` for ``token``; True for each one the caller holds (one round trip)."""
-        if not fps:
-            return []
-        held = self._claim(keys=[claim_key(fp.hex) for fp in fps], args=[token, self.ttl_ms])
-        return [bool(flag) for flag in held]
 
     def take_unseen(self, seen: SeenSet, fps: Sequence[Fingerprint], token: str, *,
                     take_over: str = "") -> list[bool]:
@@ -243,6 +218,3 @@ class Claims:
         if not fps:
             return 0
         return int(self._release(keys=[claim_key(fp.hex) for fp in fps], args=[token]))
-
-    def keys(self, fps: Sequence[Fingerprint]) -> list[str]:
-        return [claim_key(fp.hex) for fp in fps]

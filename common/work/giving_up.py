@@ -20,7 +20,7 @@ from common.core.config import Settings
 from common.core.errors import BadMessage, InvalidURL
 from common.core.urls import canonicalize, fingerprint
 from common.store.dedupe import DoneSet
-from common.store.keys import COUNTERS, failures_key, seen_bucket
+from common.store.keys import COUNTERS, failures_key
 from common.store.marks import DoneMark, Retime
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter, retime_permit
@@ -122,7 +122,7 @@ class GivingUp:
         pipe = self.client.pipeline(transaction=False)
         if mark is not None:
             pipe.srem(mark.key, mark.member)
-        pipe.srem(seen_bucket(fp.bucket(self.settings.seen_buckets)), fp.member)
+        pipe.srem(self.seen.key(fp), fp.member)
         pipe.execute()
 
     def _poison_dropped(self, body: bytes) -> Outcome:

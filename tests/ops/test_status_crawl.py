@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 from common.core.urls import fingerprint
 from common.intake.producer import Producer
@@ -26,7 +21,12 @@ from common.store.keys import (
     SEEN_PREFIX,
     worker_key,
 )
-from tests.helpers import REPO_ROOT, TEST_ENV, output_of, start_worker_process, wait_for
+from tests.helpers import (
+    files_sink_process,
+    output_of,
+    start_worker_process,
+    wait_for,
+)
 from tests.sink.parts import lines
 
 PAGES = 30
@@ -40,23 +40,6 @@ TOP_KEYS = {"progress", "to_do", "results", "results_detail", "dead_letters", "d
             "counters"}
 
 
-@contextlib.contextmanager
-def _files_sink(settings, directory: Path, log: Path) -> Iterator[subprocess.Popen]:
-    """``python sink.py files --dir DIRECTORY`` in the background; stopped with SIGTERM."""
-    env = dict(os.environ, **TEST_ENV, REDIS_URL=settings.redis_url,
-               RABBITMQ_URL=settings.rabbitmq_url, PYTHONUNBUFFERED="1")
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "sink.py", "files", "--dir", str(directory)],
-                                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
-
-
 def _adds_up(progress: dict) -> bool:
     return (progress["done"] + progress["failed"] + progress["to_do"] + progress["other"]
             == progress["total"])
@@ -65,7 +48,7 @@ def _adds_up(progress: dict) -> bool:
 def test_status_during_and_after_a_crawl_with_a_files_sink_tells_one_consistent_story(
         settings, redis_client, run_cli, site, tmp_path):
     parts = tmp_path / "parts"
-    with _files_sink(settings, parts, tmp_path / "sink.log") as sink:
+    with files_sink_process(settings, parts, tmp_path / "sink.log") as sink:
         assert wait_for(lambda: redis_client.sismember("sinks", "files"), 20)
         urls = [site.page_url(n) for n in range(1, PAGES + 1)]
         urls += [site.url(f"/status/404?n={n}") for n in range(MISSING)]

@@ -80,6 +80,7 @@ class Settings:
     stuck_page_s: float = 30.0
     extract_rules: str = ""
     extractor: str = ""
+    handlers: str = ""
     extractor_timeout_s: float = 2.0
     extractor_max_memory_bytes: int = 512 * 1024 * 1024
     rules_regex_timeout_s: float = 1.0
@@ -92,6 +93,7 @@ class Settings:
     results_backlog_high: int = 80_000
     results_backlog_low: int = 40_000
     pressure_check_s: float = 1.0
+    sink: str = ""
     sink_batch: int = 500
     sink_dir: str = "results"
     sink_rotate_bytes: int = 128 * 1024 * 1024

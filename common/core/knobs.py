@@ -242,6 +242,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("EXTRACTOR", "extractor", values.text, "",
          "User extraction function `package.module:function`, called on each HTML page after "
          "the rules; its `data` wins over theirs. Imported at worker start. Empty: none."),
+    Knob("HANDLERS", "handlers", values.text, "",
+         "Your handlers: `package.module:router`, a `scrape_fleet.Router`; on each HTML page, "
+         "after the rules, the handler its label, rule or URL pattern names runs in a child "
+         "process (limits: EXTRACTOR_TIMEOUT_S, EXTRACTOR_MAX_MEMORY_BYTES). Imported at worker "
+         "start; not with EXTRACTOR. Empty: none."),
     Knob("EXTRACTOR_TIMEOUT_S", "extractor_timeout_s", values.positive_float, "2",
          "An EXTRACTOR call (in its child process) taking longer is stopped: the child is "
          "killed, `data_errors.extractor` starts with `timeout:`."),
@@ -286,6 +291,10 @@ KNOBS: tuple[Knob, ...] = (
          "...and take them again below this."),
     Knob("PRESSURE_CHECK_S", "pressure_check_s", values.positive_float, "1",
          "How often a worker reads Redis memory and the sinks' backlog."),
+    Knob("SINK", "sink", values.text, "",
+         "What `scrape-fleet sink` runs when no kind is named: `files`, `postgres`, a name "
+         "registered under the `scrape_fleet.sinks` entry point, or `package.module:Class`. "
+         "Empty: `files`."),
     Knob("SINK_BATCH", "sink_batch", values.positive_int, "500",
          "Stream entries a sink reads, writes durably and acknowledges at a time."),
     Knob("SINK_DIR", "sink_dir", values.text, "results",

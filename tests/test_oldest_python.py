@@ -79,8 +79,9 @@ def package_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source.mkdir()
     for name in PACKAGE_FILES:
         shutil.copy2(REPO_ROOT / name, source / name)
-    shutil.copytree(REPO_ROOT / "common", source / "common",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("scrape_fleet", "common"):
+        shutil.copytree(REPO_ROOT / package, source / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     return source
 
 

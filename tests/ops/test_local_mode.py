@@ -66,8 +66,9 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source.mkdir()
     for name in ("pyproject.toml", "README.md", "requirements.txt", "requirements.lock"):
         shutil.copy2(REPO_ROOT / name, source / name)
-    shutil.copytree(REPO_ROOT / "common", source / "common",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("scrape_fleet", "common"):
+        shutil.copytree(REPO_ROOT / package, source / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     venv = root / "venv"
     subprocess.run([_oldest_python(), "-m", "venv", str(venv)], check=True, timeout=120)
     _pip(venv, "install", str(source))

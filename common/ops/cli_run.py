@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 
 from common.core.config import Settings
+from common.core.errors import ConfigError
+from common.core.redact import scrub
 from common.ops import cli
-from common.sink.files import FileSink
-from common.sink.reader import Sink, SinkReader, retire, run_sink
+from common.sink.plugins import DEFAULT_KIND, SinkClass, build, resolve
+from common.sink.reader import SinkReader, retire, run_sink
 from common.store.connection import connect_redis
 from common.work.loop_redis import worker_client
 from common.work.processor import Processor
@@ -49,19 +52,29 @@ def work_main(settings: Settings, argv: list[str] | None = None, prog: str | Non
 
 
 def sink_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=prog,
-                                     description="Run a result sink, or retire one.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    files = commands.add_parser("files", help="rotating gzip JSON Lines files")
-    files.add_argument("--dir", metavar="DIR", help="directory of the parts (default SINK_DIR)")
-    postgres = commands.add_parser("postgres", help="upsert into PostgreSQL (POSTGRES_URL)")
-    for sub in (files, postgres):
-        sub.add_argument("--name", help=f"registered name (default {sub.prog.split()[-1]})")
-        sub.add_argument("--idle-exit", type=cli.argument(_non_negative), default=0.0,
-                         metavar="SECONDS", help="exit 0 after SECONDS with nothing new")
-    gone = commands.add_parser("retire", help="unregister a sink (stop its process first)")
-    gone.add_argument("name", help="the sink's registered name")
-    return parser.parse_args(argv)
+    """``[KIND] [--dir DIR] [--name NAME] [--idle-exit S]`` (``command`` "run"), or
+    ``retire NAME`` (``command`` "retire")."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = prog or os.path.basename(sys.argv[0])
+    if argv[:1] == ["retire"]:
+        gone = argparse.ArgumentParser(prog=f"{prog} retire",
+                                       description="Unregister a sink (stop its process first).")
+        gone.add_argument("name", help="the sink's registered name")
+        return argparse.Namespace(**vars(gone.parse_args(argv[1:])), command="retire")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Run a result sink, or retire one.",
+        usage=f"{prog} [KIND] [--dir DIR] [--name NAME] [--idle-exit SECONDS]\n"
+              f"       {prog} retire NAME")
+    parser.add_argument("kind", nargs="?", metavar="KIND",
+                        help="files (rotating gzip JSON Lines), postgres (upsert into "
+                             "POSTGRES_URL), a name registered under the scrape_fleet.sinks "
+                             "entry point, or package.module:Class (default: SINK, else files)")
+    parser.add_argument("--dir", metavar="DIR", help="SINK_DIR for this run (the files sink's "
+                                                     "directory)")
+    parser.add_argument("--name", help="registered name (default: the kind's name)")
+    parser.add_argument("--idle-exit", type=cli.argument(_non_negative), default=0.0,
+                        metavar="SECONDS", help="exit 0 after SECONDS with nothing new")
+    return argparse.Namespace(**vars(parser.parse_args(argv)), command="run")
 
 
 def _non_negative(text: str) -> float:
@@ -71,40 +84,47 @@ def _non_negative(text: str) -> float:
     return value
 
 
-def make_sink(args: argparse.Namespace, settings: Settings) -> Sink:
-    if args.command == "files":
-        return FileSink(args.dir or settings.sink_dir, settings.sink_rotate_bytes,
-                        settings.sink_rotate_s, name=args.name or "files")
-    if not settings.postgres_url:
-        raise ValueError("POSTGRES_URL is not set")
-    from common.sink.postgres import PostgresSink  # psycopg only where it is used
+def sink_class(args: argparse.Namespace, settings: Settings) -> SinkClass:
+    """The sink class the command line's KIND, else SINK, else ``files`` names (ConfigError
+    naming which of them was wrong)."""
+    if args.kind:
+        return resolve(args.kind, f"sink kind {args.kind!r}")
+    if settings.sink:
+        return resolve(settings.sink, f"SINK={settings.sink!r}")
+    return resolve(DEFAULT_KIND, "the default sink")
 
-    return PostgresSink(settings.postgres_url, settings.postgres_table,
-                        name=args.name or "postgres")
+
+def _start_error(kind: str, exc: Exception, settings: Settings) -> int:
+    """Print why the sink could not be built; the exit code."""
+    text = cli.escape_controls(scrub(f"{exc}", settings.secrets()))
+    if isinstance(exc, ConfigError | ValueError | TypeError):
+        print(f"configuration error: the {kind} sink: {text}", file=sys.stderr)
+        return cli.EXIT_CONFIG
+    if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError):
+        print(f"error: the {kind} sink cannot use its file or directory: {text}",
+              file=sys.stderr)
+        return cli.EXIT_CONFIG
+    print(f"error: the {kind} sink cannot start: {type(exc).__name__}: {text}", file=sys.stderr)
+    return cli.EXIT_UNAVAILABLE
 
 
 def sink_main(settings: Settings, argv: list[str] | None = None, prog: str | None = None) -> int:
     """``sink.py`` / ``scrape-fleet sink``."""
     args = sink_args(argv, prog)
-    client = connect_redis(settings)
     if args.command == "retire":
-        if not retire(client, args.name):
+        if not retire(connect_redis(settings), args.name):
             print(f"no sink named {args.name!r}", file=sys.stderr)
             return cli.EXIT_PARTIAL
         print(f"retired sink {args.name!r}: unregistered, consumer groups destroyed")
         return cli.EXIT_OK
+    found = sink_class(args, settings)  # a wrong kind is told before any connection
+    client = connect_redis(settings)
+    if args.dir:
+        settings = settings.with_overrides(sink_dir=args.dir)
     try:
-        sink = make_sink(args, settings)
-    except ValueError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return cli.EXIT_CONFIG
-    except OSError as exc:
-        print(f"error: the files sink cannot use its directory: {exc}", file=sys.stderr)
-        return cli.EXIT_CONFIG
-    except Exception as exc:  # noqa: BLE001 - the store's own error (psycopg), password-free
-        print(f"error: the {args.command} sink cannot start: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
-        return cli.EXIT_UNAVAILABLE
+        sink = build(found, settings, args.name)
+    except Exception as exc:  # noqa: BLE001 - the sink's own start-up error, told and exit 2/3
+        return _start_error(found.kind, exc, settings)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -27,10 +27,14 @@ import re
 import time
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
-from common.sink.reader import Entry, StreamId, parse_id
+from common.sink.reader import Entry, Sink, StreamId, parse_id
+
+if TYPE_CHECKING:
+    from common.core.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +107,11 @@ def scan_part(path: Path) -> PartScan:
     return scan
 
 
-class FileSink:
+class FileSink(Sink):
     """Gzip JSON Lines parts in ``directory``, rotated past ``rotate_bytes`` (compressed) or
     after ``rotate_s`` open."""
+
+    name = "files"
 
     def __init__(self, directory: str | os.PathLike[str], rotate_bytes: int, rotate_s: float,
                  name: str = "files") -> None:
@@ -125,7 +131,14 @@ class FileSink:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._recover()
 
-    # -- the Sink protocol -----------------------------------------------------------------
+    @classmethod
+    def from_settings(cls, settings: Settings, name: str) -> FileSink:
+        """The files sink of ``scrape-fleet sink files``: SINK_DIR, SINK_ROTATE_BYTES and
+        SINK_ROTATE_S."""
+        return cls(settings.sink_dir, settings.sink_rotate_bytes, settings.sink_rotate_s,
+                   name=name)
+
+    # -- the Sink interface ----------------------------------------------------------------
 
     def write(self, entries: list[Entry]) -> None:
         """Append the entries not written before as one gzip member and fsync it."""

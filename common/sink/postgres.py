@@ -38,7 +38,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
@@ -46,7 +46,10 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from common.core.redact import redact_url, scrub, url_secrets
-from common.sink.reader import Entry
+from common.sink.reader import Entry, Sink
+
+if TYPE_CHECKING:
+    from common.core.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +221,7 @@ def connect(url: str, name: str) -> psycopg.Connection:
     return conn
 
 
-class PostgresSink:
+class PostgresSink(Sink):
     """Upserts ``results`` and ``failures`` entries into one PostgreSQL table, one row per URL.
 
     Args:
@@ -230,6 +233,8 @@ class PostgresSink:
     (``psycopg.OperationalError``).
     """
 
+    name = "postgres"
+
     def __init__(self, url: str, table: str, name: str = "postgres") -> None:
         self.name = name
         self.table = table
@@ -238,6 +243,17 @@ class PostgresSink:
         self._upsert = sql.SQL(_UPSERT).format(table=sql.Identifier(table))
         self._conn: psycopg.Connection | None = None
         self._connection()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, name: str) -> PostgresSink:
+        """The sink of ``scrape-fleet sink postgres``: POSTGRES_URL and POSTGRES_TABLE.
+
+        Raises:
+            ValueError: POSTGRES_URL is not set.
+        """
+        if not settings.postgres_url:
+            raise ValueError("POSTGRES_URL is not set")
+        return cls(settings.postgres_url, settings.postgres_table, name=name)
 
     def __repr__(self) -> str:
         return f"PostgresSink({redact_url(self._url)!r}, {self.table!r}, name={self.name!r})"

@@ -15,6 +15,10 @@ Exactly once in the sink rests on three things: an entry is acknowledged only af
 (XREADGROUP from id 0 before ``>``); stream ids grow within a stream and one consumer reads
 them in order, so a sink recognises a replayed entry by its id (files: the highest id written
 per stream; PostgreSQL: an upsert); and only one batch is ever unacknowledged.
+
+What a sink is (:class:`scrape_fleet.sinks.Sink`, the public interface, and :class:`Entry`)
+lives in the public package; :func:`run_sink` drives anything of that shape (``name``,
+``write``, ``close``, optionally ``idle``), a subclass or not.
 """
 
 from __future__ import annotations
@@ -23,8 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 import redis
@@ -32,6 +35,7 @@ import redis
 from common.core.backoff import reconnect_delay_s
 from common.core.errors import REDIS_UNAVAILABLE
 from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
+from scrape_fleet.sinks import Entry, Sink
 
 logger = logging.getLogger(__name__)
 
@@ -44,31 +48,6 @@ TRIM_EVERY_S = 1.0
 
 T = TypeVar("T")
 StreamId = tuple[int, int]
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One stream entry as a sink gets it."""
-
-    stream: str              # "results" or "failures"
-    id: str                  # stream entry id, e.g. "1732230000123-0"
-    record: dict[str, Any]   # the decoded JSON record (failures: "outcome": "dead_letter")
-
-
-class Sink(Protocol):
-    """What :func:`run_sink` drives. A sink may also have ``idle()``, called when a read found
-    nothing new and everything written is acknowledged (the files sink rotates by age there)."""
-
-    name: str  # registered name; its consumer group is sink_group(name) on both streams
-
-    def write(self, entries: list[Entry]) -> None:
-        """Durable on return; entries written before (a replay after a crash) must not be
-        duplicated. Raises when nothing of the batch may be counted as written."""
-        ...
-
-    def close(self) -> None:
-        """Called after the last batch was written and acknowledged."""
-        ...
 
 
 class Stopped(Exception):

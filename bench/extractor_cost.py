@@ -25,7 +25,7 @@ from typing import Any
 from bench.farm_pages import Site, page_html, paragraph_pool
 from common.web.fetch import FetchResult
 from common.work.parse import parse_html
-from common.work.user_child import PageInput, check_output, load_function
+from common.work.user_code import PageInput, check_output, load_function
 from common.work.user_extractor import UserExtractor
 
 USER_MODULE = '''

@@ -1,11 +1,16 @@
 """scrape_fleet: the public API of the fleet — what your handlers, pipelines and sinks import.
 
 Everything named in ``__all__`` follows semantic versioning (CHANGELOG.md); the engine under
-``common/`` may change in any release.
+``common/`` may change in any release. Workers load your router with
+``HANDLERS=package.module:router``.
 """
 
 from __future__ import annotations
 
+from scrape_fleet.page import Page
+from scrape_fleet.request import Request
+from scrape_fleet.router import DropItem, HandlerResult, Router
+
 __version__ = "0.2.0"
 
-__all__ = ["__version__"]
+__all__ = ["DropItem", "HandlerResult", "Page", "Request", "Router", "__version__"]

@@ -89,15 +89,16 @@ def test_the_function_extracts_fields_and_follows_urls_at_priority(settings, red
     assert b["queue"] == "priority_queue" and b["depth"] == 1 and b["data"]["price"] == "12.50"
 
 
-def test_follow_urls_need_crawl_mode(settings, redis_client, site, user_module):
+def test_follow_urls_are_followed_without_crawl_mode_and_only_they(settings, redis_client,
+                                                                   site, user_module):
     site.route("/ux/a", lambda _r: (200, HTML, PAGE.encode()))
+    site.route("/ux/b", lambda _r: (200, HTML, PAGE.encode()))
     records = _run(settings, redis_client, [site.url("/ux/a")],
                    extractor=f"{user_module}:extract")
-    assert list(records) == [site.url("/ux/a")]
+    assert set(records) == {site.url("/ux/a"), site.url("/ux/b")}
     record = records[site.url("/ux/a")]
     assert record["data"]["price"] == "12.50"
-    assert record["data_errors"] == {
-        "extractor_follow": "CRAWL_ENABLED is off: 1 URLs not followed"}
+    assert "data_errors" not in record and record["extractor_followed"] == 1
 
 
 def test_a_raising_or_slow_function_is_recorded_stopped_and_the_worker_goes_on(

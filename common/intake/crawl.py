@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
@@ -127,7 +127,8 @@ class LinkFollower:
                rules: RobotsRules | None, page_token: str,
                force_priority: bool = False, max_depth: int | None = None,
                domains: tuple[str, ...] | None = None,
-               scope: str | None = None) -> ProduceSummary | None:
+               scope: str | None = None,
+               extra: dict[str, Any] | None = None) -> ProduceSummary | None:
         """Enqueue the in-scope links of a page at ``depth``; None when nothing to follow.
 
         ``page_token`` names the page (the same on a redelivery): its new links are claimed
@@ -136,7 +137,8 @@ class LinkFollower:
         follow rule's); ``max_depth`` and ``domains`` are a follow rule's (default
         CRAWL_MAX_DEPTH and CRAWL_ALLOWED_DOMAINS). ``scope`` is the URL the producer
         accepted when the page was reached through a redirect to another host: the "own
-        host" rule is judged from it, not from where the redirect landed.
+        host" rule is judged from it, not from where the redirect landed. ``extra``: fields
+        for every message (a handler's follow request: ``handler``, ``meta``, ``headers``).
         """
         limit = self.settings.crawl_max_depth if max_depth is None else max_depth
         if depth + 1 > limit:
@@ -148,7 +150,7 @@ class LinkFollower:
             return None
         return self.producers.get().submit(chosen, depth=depth + 1, keep=self.within_budget,
                                        claim_token=page_token,
-                                       force_priority=force_priority)
+                                       force_priority=force_priority, extra=extra)
 
     def within_budget(self, urls: list[str]) -> list[bool]:
         by_domain: dict[str, list[int]] = defaultdict(list)

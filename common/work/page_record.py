@@ -6,8 +6,9 @@ with the same rules gives the same ``data``. What it does, in order:
 
 1. the base record (:func:`common.work.record.fetch_record`);
 2. for an HTML body, one parse (:func:`common.work.parse.parse_html`) whose tree is handed to
-   the first matching extraction rule (EXTRACT_RULES), then to the user's EXTRACTOR, then —
-   in crawl mode — to the follow rules' link reader (:mod:`common.work.follow`);
+   the first matching extraction rule (EXTRACT_RULES), then to the user's code (HANDLERS's
+   router or EXTRACTOR, :mod:`common.work.user_extractor`), then — in crawl mode — to the
+   follow rules' link reader (:mod:`common.work.follow`);
 3. the page's fields into the record (:func:`common.work.record.add_page`).
 
 It does not enqueue, archive or store anything: the caller decides what is durable.
@@ -21,6 +22,7 @@ from typing import Any
 
 from lxml import etree
 
+from common.broker.messages import WorkMessage
 from common.core.config import Settings
 from common.web.fetch import FetchResult
 from common.work.extract import Extractor
@@ -39,7 +41,7 @@ class PageRead:
 
     record: dict[str, Any]
     follow: FollowPlan | None = None  # None: crawl mode is off, or the page is not HTML
-    call: Call | None = None  # EXTRACTOR's call on this page (its follow URLs)
+    call: Call | None = None  # the user code's call on this page (its follow requests)
     regex_timed_out: bool = False  # a rule's regex ran out of RULES_REGEX_TIMEOUT_S
 
     @property
@@ -52,30 +54,31 @@ class PageRead:
 
 
 class PageReader:
-    """The validated rules and EXTRACTOR of one process; :meth:`read` is per page."""
+    """The validated rules and user code of one process; :meth:`read` is per page."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.extractor = Extractor.from_setting(  # ConfigError if bad
             settings.extract_rules, settings.rules_regex_timeout_s)
-        self.custom = UserExtractor.from_setting(settings.extractor, settings.extractor_timeout_s,
-                                                 settings.extractor_max_memory_bytes)
+        self.custom = UserExtractor.from_settings(settings)  # HANDLERS or EXTRACTOR
         self.crawl = settings.crawl_enabled
 
     def read(self, url: str, response: FetchResult, *, queue: str | None, depth: int,
-             attempts: int, cached: bool, progress: Progress | None = None) -> PageRead:
+             attempts: int, cached: bool, progress: Progress | None = None,
+             message: WorkMessage | None = None) -> PageRead:
         """The record of one response; ``progress`` is told of the parse and extract stages
-        (common/work/poison.py)."""
+        (common/work/poison.py); ``message``: the delivery (a handler's label and meta)."""
         record = fetch_record(url, response, worker=self.settings.worker_id, queue=queue,
                               depth=depth, attempts=attempts, cached=cached)
-        call = self.custom.bind(record, response) if self.custom else None
-        read = PageRead(record, call=call)
+        read = PageRead(record)
         if not (response.body and is_html(response.content_type, response.body[:512])):
             return read
         if progress is not None:
             progress.enter("parse")
         budget = self.extractor.budget() if self.extractor else None  # the page's regex time
         rule = self.extractor.match(response.final_url, budget) if self.extractor else None
+        call = read.call = self.custom.bind(
+            record, response, message, getattr(rule, "handler", None)) if self.custom else None
         hooks: list[TreeHook] = []
         if progress is not None and (rule is not None or call is not None):
             hooks.append(lambda _root, _base: progress.enter("extract"))

@@ -1,23 +1,24 @@
-"""EXTRACTOR's child process: what the user function gets, and the process that calls it.
+"""The user-code child process: the parent's handle on it and the child's main loop.
 
-:mod:`common.work.user_extractor` is the worker's side (limits, counting, the record); this
-module is what both sides share: :class:`PageInput`, :func:`load_function`, the check of the
-function's return value, :class:`ChildProcess` (the parent's handle: start, wait until ready,
-how it died, stop) and the child's main loop, which imports nothing but this module and what
-parsing needs.
+:mod:`common.work.user_extractor` is the worker's side (limits, counting, the record);
+:mod:`common.work.user_code` is what the child runs on a page (EXTRACTOR's function or
+HANDLERS's router). This module holds :class:`ChildProcess` (start, wait until ready, how it
+died, stop) and the child's loop, which imports nothing but these modules and what parsing
+needs.
 
-The wire: the child's first message is ``{"ready": true}`` or ``{"error": ...}`` (the function
+The wire: the child's first message is ``{"ready": true}`` or ``{"error": ...}`` (the code
 did not load); then per page the parent sends two messages, a JSON head (final URL, status,
-headers, content type, the rules' data) and the raw body, and the child answers one JSON
-message: ``{"data", "follow", "priority"}``, ``{"error"}`` (an exception, a malformed return)
-or ``{"crashed"}`` (MemoryError under RLIMIT_AS: it exits after saying so). Framing is
-:class:`multiprocessing.connection.Connection`'s (a length, then the bytes); never pickle.
+headers, content type, the rules' data; for handlers the label, meta, depth and the rule's
+handler) and the raw body, and the child answers one JSON message: the answer of
+:func:`common.work.user_code.answer`, ``{"error"}`` (an exception outside the user's code, a
+value that does not encode) or ``{"crashed"}`` (MemoryError under RLIMIT_AS: it exits after
+saying so). Framing is :class:`multiprocessing.connection.Connection`'s (a length, then the
+bytes); never pickle.
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import logging
 import multiprocessing
@@ -26,96 +27,24 @@ import resource
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
-from functools import cached_property
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin
 
 import orjson
 from lxml import etree
-from parsel import Selector
 
 from common.core.errors import ConfigError
-from common.work.charset import decode_to_utf8
 from common.work.parse import parse_html
+from common.work.user_code import ERROR_MAX_CHARS, answer, load_user_code
 
-__all__ = ["ChildProcess", "PageInput", "check_output", "load_function"]
+__all__ = ["ERROR_MAX_CHARS", "REPLY_MAX_BYTES", "ChildProcess"]
 
 logger = logging.getLogger(__name__)
 
-ERROR_MAX_CHARS = 200
 #: Largest reply a child may send (the record is capped at MAX_RECORD_BYTES later anyway).
 REPLY_MAX_BYTES = 16 * 1024 * 1024
-_KEYS = frozenset({"data", "follow", "priority"})
 _PR_SET_PDEATHSIG = 1
-
-class PageInput:
-    """What the user function gets: ``url`` (final), ``status``, ``headers``, ``root`` (the
-    lxml root; scripts and styles already stripped), ``selector`` (parsel, on the same tree),
-    ``text`` (the decoded body) and ``data`` (the EXTRACT_RULES values, or None)."""
-
-    def __init__(self, url: str, status: int, headers: dict[str, str], body: bytes,
-                 content_type: str | None, root: etree._Element,
-                 data: dict[str, Any] | None) -> None:
-        self.url = url
-        self.status = status
-        self.headers = headers
-        self.root = root
-        self.data = data
-        self._body = body
-        self._content_type = content_type
-
-    @cached_property
-    def selector(self) -> Selector:
-        return Selector(root=self.root, type="html")
-
-    @cached_property
-    def text(self) -> str:
-        return decode_to_utf8(self._body, self._content_type)[0]
-
-
-def load_function(value: str) -> Callable[[PageInput], Any]:
-    """The callable an EXTRACTOR value names; ConfigError saying why it cannot be had."""
-    module_name, colon, attr = value.strip().partition(":")
-    if not colon or not module_name or not attr:
-        raise ConfigError(f"EXTRACTOR={value!r} is invalid: expected package.module:function")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import-time failure is a config error
-        raise ConfigError(f"EXTRACTOR={value!r}: cannot import module {module_name!r}: "
-                          f"{type(exc).__name__}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ConfigError(f"EXTRACTOR={value!r}: module {module_name!r} has no attribute "
-                              f"{attr!r}") from None
-    if not callable(target):
-        raise ConfigError(f"EXTRACTOR={value!r}: {attr!r} is not callable "
-                          f"(type {type(target).__name__})")
-    return target
-
-
-def check_output(out: Any, base_url: str) -> tuple[dict[str, Any], list[str], bool]:
-    """The function's return value checked: ``(data, follow URLs, priority)``."""
-    if out is None:
-        return {}, [], False
-    if not isinstance(out, dict):
-        raise TypeError(f"extractor returned {type(out).__name__}, expected a dict or None")
-    unknown = set(out) - _KEYS
-    if unknown:
-        raise TypeError(f"unknown keys {sorted(unknown)}; expected data, follow, priority")
-    data = out.get("data") or {}
-    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
-        raise TypeError("'data' must be a dict with str keys")
-    orjson.dumps(data)  # TypeError now rather than when the record is stored
-    follow = out.get("follow") or []
-    if not isinstance(follow, list | tuple) or not all(isinstance(u, str) for u in follow):
-        raise TypeError("'follow' must be a list of URL strings")
-    return data, [urljoin(base_url, u) for u in follow], bool(out.get("priority"))
-
 
 # -- the parent's handle on one child ----------------------------------------------------------
 class ChildProcess:
@@ -128,7 +57,7 @@ class ChildProcess:
         self.stopped = False
 
     @classmethod
-    def start(cls, value: str, max_memory_bytes: int) -> ChildProcess:
+    def start(cls, kind: str, value: str, max_memory_bytes: int) -> ChildProcess:
         """Start a child: fork+exec of this interpreter (never a bare fork of the worker's
         threads), the pipe's other end passed as a descriptor, ``sys.path`` as the worker's.
 
@@ -136,7 +65,8 @@ class ChildProcess:
         script in the child (+8 MB for worker.py; an unguarded script would start children
         recursively) and pickles the call."""
         parent_end, child_end = multiprocessing.Pipe(duplex=True)
-        args = json.dumps([child_end.fileno(), value, max_memory_bytes, os.getpid(), sys.path])
+        args = json.dumps([child_end.fileno(), kind, value, max_memory_bytes, os.getpid(),
+                           sys.path])
         try:
             process = subprocess.Popen(
                 [sys.executable, "-c", _CHILD_MAIN, args], stdin=subprocess.DEVNULL,
@@ -192,18 +122,19 @@ class ChildProcess:
 # -- the child ---------------------------------------------------------------------------------
 #: The child's ``-c`` program: the worker's ``sys.path`` first, so this module and the user's
 #: are found wherever the worker found them.
-_CHILD_MAIN = ("import json, sys; sys.path[:] = json.loads(sys.argv[1])[4]; "
+_CHILD_MAIN = ("import json, sys; sys.path[:] = json.loads(sys.argv[1])[5]; "
                "from common.work.user_child import _child_main; _child_main()")
 
 
 def _child_main() -> None:
     """The child's entry (``python -c _CHILD_MAIN ARGS``): ARGS is JSON from :meth:`ChildProcess.start`."""
-    fd, value, max_memory_bytes, parent_pid, _path = json.loads(sys.argv[1])
-    _serve(Connection(fd), value, max_memory_bytes, parent_pid)
+    fd, kind, value, max_memory_bytes, parent_pid, _path = json.loads(sys.argv[1])
+    _serve(Connection(fd), kind, value, max_memory_bytes, parent_pid)
 
 
-def _serve(conn: Connection, value: str, max_memory_bytes: int, parent_pid: int) -> None:
-    """The child's main: limits, the function, then one page per request until EOF."""
+def _serve(conn: Connection, kind: str, value: str, max_memory_bytes: int,
+           parent_pid: int) -> None:
+    """The child's main: limits, the user's code, then one page per request until EOF."""
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the worker's to handle
     resource.setrlimit(resource.RLIMIT_AS, (max_memory_bytes, max_memory_bytes))
@@ -212,7 +143,7 @@ def _serve(conn: Connection, value: str, max_memory_bytes: int, parent_pid: int)
     except OSError as exc:
         logger.warning("extractor child keeps its OOM score (%s)", exc)
     try:
-        function = load_function(value)
+        code = load_user_code(kind, value)
     except (ConfigError, MemoryError) as exc:
         conn.send_bytes(orjson.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         return
@@ -223,7 +154,7 @@ def _serve(conn: Connection, value: str, max_memory_bytes: int, parent_pid: int)
         except EOFError:
             return  # the worker closed the pipe (or died)
         try:
-            reply = _one(function, json.loads(head), body)
+            reply = _one(code, json.loads(head), body)
         except MemoryError:
             conn.send_bytes(orjson.dumps({"crashed": (
                 f"MemoryError over EXTRACTOR_MAX_MEMORY_BYTES ({max_memory_bytes})")}))
@@ -232,24 +163,21 @@ def _serve(conn: Connection, value: str, max_memory_bytes: int, parent_pid: int)
             {"error": f"ValueError: reply of {len(reply)} bytes over {REPLY_MAX_BYTES}"}))
 
 
-def _one(function: Callable[[PageInput], Any], head: dict[str, Any], body: bytes) -> bytes:
-    """One page: parse as the worker does, call, check; the encoded reply."""
+def _one(code: Any, head: dict[str, Any], body: bytes) -> bytes:
+    """One page: parse as the worker does, run the user's code, the encoded reply."""
     got: dict[str, Any] = {}
 
     def on_tree(root: etree._Element, base_url: str) -> None:
-        page = PageInput(head["url"], head["status"], head["headers"], body,
-                         head["content_type"], root, head["data"])
-        got["reply"] = check_output(function(page), base_url)
+        got["reply"] = answer(code, head, body, root, base_url)
 
     try:
         parse_html(body, head["url"], head["content_type"], on_tree=on_tree)
         if "reply" not in got:
             raise ValueError("the page has no tree to extract from")
-        data, follow, priority = got["reply"]
-        return orjson.dumps({"data": data, "follow": follow, "priority": priority})
+        return orjson.dumps(got["reply"])
     except MemoryError:
         raise
-    except Exception as exc:  # noqa: BLE001 - user code: sent back as the page's error
+    except Exception as exc:  # noqa: BLE001 - e.g. a value orjson cannot encode
         text = f"{type(exc).__name__}: {exc}"[:ERROR_MAX_CHARS]
         return orjson.dumps({"error": text.encode("utf-8", "backslashreplace").decode()})
 

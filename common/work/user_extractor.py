@@ -1,36 +1,41 @@
-"""EXTRACTOR=package.module:function: user code for pages that rules cannot describe.
+"""User code for pages that rules cannot describe: EXTRACTOR's function or HANDLERS's router.
 
-Loaded at worker start (:meth:`UserExtractor.from_setting`; ConfigError naming EXTRACTOR when
-it does not import or is not callable). For every HTML page, after the EXTRACT_RULES rule (if
-any), it is called as ``function(page)`` with a :class:`PageInput`. It returns None or a dict
-with optional keys:
+Loaded at worker start (:meth:`UserExtractor.from_settings`; ConfigError naming the setting
+when it does not import or is not a function / a ``scrape_fleet.Router``; both set is an
+error). For every HTML page, after the EXTRACT_RULES rule (if any), the code runs on the page
+in a child process and its answer (common/work/user_code.py) goes into the record:
 
-* ``data``: a dict, merged into the record's ``data`` (over the rule's values: same key, the
-  function wins); it must be JSON-serialisable.
-* ``follow``: a list of URLs (relative ones resolve against the page URL) to enqueue through
-  crawl mode's LinkFollower (canonicalise, dedupe, scope, depth, budget, robots, routing);
-  CRAWL_ENABLED must be on, else they are dropped and ``data_errors["extractor_follow"]``
-  says so. ``record["extractor_followed"]`` is how many were new.
-* ``priority``: true sends the follow URLs to the priority queue.
+* EXTRACTOR=package.module:function is called as ``function(page)`` with a ``PageInput`` and
+  returns None or ``{"data", "follow", "priority"}``: ``data`` is merged into the record's
+  ``data`` (over the rule's values), ``follow`` URLs are enqueued (``extractor_followed``
+  counts the new ones), errors go to ``data_errors["extractor"]``.
+* HANDLERS=package.module:router runs the handler the page's label, its rule's ``handler:``
+  or a URL pattern chooses (docs/handlers.md): the record gets ``handler`` (its name),
+  ``items`` (after the item pipeline), ``dropped`` (when any) and ``data_errors["handler"]``;
+  its follow requests are enqueued with their handler, meta and headers in the messages
+  (``handler_followed`` counts the new ones).
+
+Follow URLs go through crawl mode's LinkFollower (canonicalise, dedupe, scope, depth, budget,
+robots, routing), built whenever user code is set; without one they are dropped and
+``data_errors["<kind>_follow"]`` says so.
 
 Where it runs: in a child process, never in the worker (NOTES #36). Python cannot stop a
-thread, and a user function that loops, or runs a catastrophic ``re`` pattern (which holds
-the GIL), would freeze the worker's heartbeats, health endpoint and shutdown. Each thread that
-calls (a fetch loop; the re-parse tool's one thread) has one long-lived child, started lazily
-with the "spawn" context (the worker is multi-threaded: never "fork"), which imports the
-function once and, per page, gets the final URL, status, headers, body, content type and the
-rules' data (JSON and raw bytes on a pipe, never pickle), re-parses the body with the worker's
-own :func:`~common.work.parse.parse_html` (so ``root``, ``selector``, ``text`` behave as
-in-process), calls the function, checks its return value and sends back ``(data, follow,
-priority)`` or the error (that side, and the wire, in :mod:`common.work.user_child`). The
-parent waits on the pipe (GIL released) at most
-EXTRACTOR_TIMEOUT_S:
+thread, and user code that loops, or runs a catastrophic ``re`` pattern (which holds the GIL),
+would freeze the worker's heartbeats, health endpoint and shutdown. Each thread that calls (a
+fetch loop; the re-parse tool's one thread) has one long-lived child, started lazily (fork+exec
+of this interpreter, never a fork of the worker's threads), which imports the code once and,
+per page, gets the final URL, status, headers, body, content type, the rules' data and (for
+handlers) label, meta and depth (JSON and raw bytes on a pipe, never pickle), re-parses the
+body with the worker's own :func:`~common.work.parse.parse_html`, runs the code and sends back
+its answer (that side, and the wire, in :mod:`common.work.user_child`). The parent waits on
+the pipe (GIL released) at most EXTRACTOR_TIMEOUT_S:
 
-* over it, the child is SIGKILLed and ``data_errors["extractor"]`` starts with ``timeout:``;
+* over it, the child is SIGKILLed and the error starts with ``timeout:``;
 * a child that dies (segfault, ``os._exit``, killed, or over EXTRACTOR_MAX_MEMORY_BYTES of
   address space: ``RLIMIT_AS``, a MemoryError) gives ``crashed:``; its ``oom_score_adj`` is
   1000, so under a container's memory limit the kernel's OOM killer takes it, not the worker;
-* an exception or a malformed return value gives ``"ValueError: message"``.
+* an exception or a malformed value gives ``"ValueError: message"`` (a handler's items and
+  requests given before it are kept).
 
 Errors are cut to 200 characters; the page is still a result. After a timeout or a crash a
 fresh child is started at once (it imports while the loop goes on), for the next page.
@@ -51,15 +56,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from lxml import etree
 
-from common.work.user_child import (
-    ERROR_MAX_CHARS,
-    REPLY_MAX_BYTES,
-    ChildProcess,
-    PageInput,
-    load_function,
-)
+from common.core.errors import ConfigError
+from common.work.user_child import ERROR_MAX_CHARS, REPLY_MAX_BYTES, ChildProcess
+from common.work.user_code import PageInput, load_function, load_user_code
 
 if TYPE_CHECKING:
+    from common.broker.messages import WorkMessage
+    from common.core.config import Settings
     from common.web.fetch import FetchResult
 
 __all__ = ["PageInput", "UserExtractor", "load_function"]
@@ -76,12 +79,14 @@ _COUNTER_NAMES = {"timeout": "extractor_timeouts", "crash": "extractor_crashes"}
 
 @dataclass(slots=True)
 class Reply:
-    """One page's answer: the checked values, or ``error`` (and ``failure``: ``timeout`` or
-    ``crash`` when the child was stopped or died)."""
+    """One page's answer (common/work/user_code.py), and ``failure``: ``timeout`` or
+    ``crash`` when the child was stopped or died."""
 
     data: dict[str, Any] = field(default_factory=dict)
-    follow: list[str] = field(default_factory=list)
-    priority: bool = False
+    follow: list[dict[str, Any]] = field(default_factory=list)  # request groups
+    items: list[dict[str, Any]] = field(default_factory=list)
+    dropped: list[dict[str, Any]] = field(default_factory=list)
+    handler: str | None = None
     error: str | None = None
     failure: str | None = None
 
@@ -90,11 +95,14 @@ class UserExtractor:
     """The EXTRACTOR of one process: the value, its limits and one child per calling thread."""
 
     def __init__(self, value: str, timeout_s: float,
-                 max_memory_bytes: int = MAX_MEMORY_BYTES_DEFAULT) -> None:
+                 max_memory_bytes: int = MAX_MEMORY_BYTES_DEFAULT,
+                 kind: str = "EXTRACTOR") -> None:
         self.value = value
+        self.kind = kind  # "EXTRACTOR" or "HANDLERS" (common.work.user_code.KINDS)
+        self.routed = kind == "HANDLERS"
         self.timeout_s = timeout_s
         self.max_memory_bytes = max_memory_bytes
-        load_function(value)  # ConfigError at start, in the worker, as before
+        load_user_code(kind, value)  # ConfigError at start, in the worker
         self._local = threading.local()
         self._lock = threading.Lock()
         self._children: set[ChildProcess] = set()
@@ -106,19 +114,43 @@ class UserExtractor:
                      max_memory_bytes: int = MAX_MEMORY_BYTES_DEFAULT) -> UserExtractor | None:
         return cls(value, timeout_s, max_memory_bytes) if value and value.strip() else None
 
-    def bind(self, record: dict[str, Any], response: FetchResult) -> Call:
-        return Call(self, record, response)
+    @classmethod
+    def from_settings(cls, settings: Settings) -> UserExtractor | None:
+        """HANDLERS's router or EXTRACTOR's function, None when neither is set."""
+        handlers, extractor = settings.handlers.strip(), settings.extractor.strip()
+        if handlers and extractor:
+            raise ConfigError("HANDLERS and EXTRACTOR are both set: set one (EXTRACTOR's "
+                              "function can be a router's default handler)")
+        if not (handlers or extractor):
+            return None
+        return cls(handlers or extractor, settings.extractor_timeout_s,
+                   settings.extractor_max_memory_bytes,
+                   kind="HANDLERS" if handlers else "EXTRACTOR")
+    def bind(self, record: dict[str, Any], response: FetchResult,
+             message: WorkMessage | None = None, rule_handler: str | None = None) -> Call:
+        """A call on one page; ``message``: the delivery (its label, meta, depth);
+        ``rule_handler``: the matching rule's ``handler:``."""
+        head: dict[str, Any] = {}
+        if self.routed:
+            extra = message.extra if message is not None else {}
+            head = {"label": extra.get("handler"), "meta": extra.get("meta"),
+                    "depth": message.depth if message is not None else 0,
+                    "rule_handler": rule_handler}
+        return Call(self, record, response, head)
 
     def counts(self) -> dict[str, int]:
         """Calls stopped (``timeout``) and children that died (``crash``) so far."""
         with self._lock:
             return dict(self._counts)
 
-    def run(self, response: FetchResult, rules_data: dict[str, Any] | None) -> Reply:
-        """One page through this thread's child, within EXTRACTOR_TIMEOUT_S."""
+    def run(self, response: FetchResult, rules_data: dict[str, Any] | None,
+            routing: dict[str, Any] | None = None) -> Reply:
+        """One page through this thread's child, within EXTRACTOR_TIMEOUT_S; ``routing``:
+        the label, meta, depth and rule handler a router is told."""
         head = json.dumps({"url": response.final_url, "status": response.status,
                            "headers": dict(response.headers),
-                           "content_type": response.content_type, "data": rules_data},
+                           "content_type": response.content_type, "data": rules_data,
+                           **(routing or {})},
                           separators=(",", ":")).encode()  # json: lone surrogates survive
         child = self._child()
         problem = child.wait_ready(START_TIMEOUT_S)
@@ -140,9 +172,9 @@ class UserExtractor:
         answer = orjson.loads(raw)
         if "crashed" in answer:  # MemoryError: the child exits after saying so
             return self._failed(child, "crash", f"crashed: {answer['crashed']}")
-        if "error" in answer:
-            return Reply(error=answer["error"])
-        return Reply(answer["data"], answer["follow"], answer["priority"])
+        return Reply(data=answer.get("data") or {}, follow=answer.get("follow") or [],
+                     items=answer.get("items") or [], dropped=answer.get("dropped") or [],
+                     handler=answer.get("handler"), error=answer.get("error"))
 
     def close(self) -> None:
         """Stop every child (the worker's shutdown; a later call starts new ones)."""
@@ -156,7 +188,7 @@ class UserExtractor:
         if child is None or not child.usable():
             if child is not None:
                 self._forget(child)
-            child = ChildProcess.start(self.value, self.max_memory_bytes)
+            child = ChildProcess.start(self.kind, self.value, self.max_memory_bytes)
             self._local.child = child
             with self._lock:
                 self._children.add(child)
@@ -174,47 +206,61 @@ class UserExtractor:
         self._forget(child)
         with self._lock:
             self._counts[kind] += 1
-        logger.warning("EXTRACTOR %s: %s", self.value, text)
+        logger.warning("%s %s: %s", self.kind, self.value, text)
         self._child()
         return Reply(error=text, failure=kind)
 
 
 class Call:
-    """One page's call: :meth:`on_tree` runs the function, :meth:`enqueue` follows."""
+    """One page's call: :meth:`on_tree` runs the code, :meth:`enqueue` follows."""
 
-    def __init__(self, owner: UserExtractor, record: dict[str, Any],
-                 response: FetchResult) -> None:
+    def __init__(self, owner: UserExtractor, record: dict[str, Any], response: FetchResult,
+                 routing: dict[str, Any] | None = None) -> None:
         self.owner = owner
         self.record = record
         self.response = response
-        self.follow: list[str] = []
-        self.priority = False
+        self.routing = routing
+        self.follow: list[dict[str, Any]] = []  # request groups: urls, handler, meta, ...
         #: For ``stats:counters``: ``extractor_timeouts`` / ``extractor_crashes``, when one.
         self.counters: dict[str, int] = {}
+        self._name = "handler" if owner.routed else "extractor"
 
     def on_tree(self, root: etree._Element, base_url: str) -> None:
         """parse_html's ``on_tree`` (after the rules' hook, so the rules' data is filled).
 
         The tree is not used here: the child parses the body itself (same code, same tree).
         """
-        reply = self.owner.run(self.response, self.record.get("data"))
+        reply = self.owner.run(self.response, self.record.get("data"), self.routing)
         if reply.failure is not None:
             self.counters[_COUNTER_NAMES[reply.failure]] = 1
-        if reply.error is not None:
-            self.record.setdefault("data_errors", {})["extractor"] = reply.error[:ERROR_MAX_CHARS]
-            return
-        if reply.data:
+        if self.owner.routed:
+            self.record["handler"] = reply.handler
+            self.record["items"] = reply.items
+            if reply.dropped:
+                self.record["dropped"] = reply.dropped
+        elif reply.data:
             self.record["data"] = {**(self.record.get("data") or {}), **reply.data}
-        self.follow, self.priority = reply.follow, reply.priority
+        if reply.error is not None:
+            errors = self.record.setdefault("data_errors", {})
+            errors[self._name] = reply.error[:ERROR_MAX_CHARS]
+        self.follow = reply.follow
 
     def enqueue(self, follower: Any, depth: int, rules: Any, page_token: str) -> None:
-        """Follow the returned URLs through crawl mode's LinkFollower (None: crawl off)."""
-        if not self.follow:
+        """Follow the requests through crawl mode's LinkFollower (None: not built)."""
+        urls = sum(len(group["urls"]) for group in self.follow)
+        if not urls:
             return
         if follower is None:
-            self.record.setdefault("data_errors", {})["extractor_follow"] = (
-                f"CRAWL_ENABLED is off: {len(self.follow)} URLs not followed")
+            self.record.setdefault("data_errors", {})[f"{self._name}_follow"] = (
+                f"no link follower: {urls} URLs not followed")
             return
-        followed = follower.follow(self.response.final_url, self.follow, depth, rules,
-                                   page_token=page_token, force_priority=self.priority)
-        self.record["extractor_followed"] = followed.new if followed is not None else 0
+        new = 0
+        for group in self.follow:
+            extra = {key: group[key] for key in ("handler", "meta", "headers")
+                     if group.get(key)}
+            followed = follower.follow(self.response.final_url, group["urls"], depth, rules,
+                                       page_token=page_token,
+                                       force_priority=bool(group.get("priority")),
+                                       extra=extra or None)
+            new += followed.new if followed is not None else 0
+        self.record[f"{self._name}_followed"] = new

@@ -77,7 +77,7 @@ def _page(extractor: UserExtractor, path: str) -> tuple[dict, list[str], dict[st
     record: dict = {"data": {"rule": "kept"}}
     call = extractor.bind(record, response)
     parse_html(PAGE, url, response.content_type, on_tree=call.on_tree)
-    return record, call.follow, call.counters
+    return record, [url for group in call.follow for url in group["urls"]], call.counters
 
 
 def test_the_function_runs_in_another_process_and_gives_what_it_gave_inline(extractor):

@@ -10,7 +10,9 @@ from __future__ import annotations
 from scrape_fleet.page import Page
 from scrape_fleet.request import Request
 from scrape_fleet.router import DropItem, HandlerResult, Router
+from scrape_fleet.sinks import Entry, Sink
 
 __version__ = "0.2.0"
 
-__all__ = ["DropItem", "HandlerResult", "Page", "Request", "Router", "__version__"]
+__all__ = ["DropItem", "Entry", "HandlerResult", "Page", "Request", "Router", "Sink",
+           "__version__"]

@@ -29,7 +29,7 @@ from common.core.errors import ConfigError
 from common.work.charset import decode_to_utf8
 from scrape_fleet import Page, Router
 
-__all__ = ["KINDS", "PageInput", "answer", "check_output", "load_function", "load_router",
+__all__ = ["KINDS", "PageInput", "answer", "check_output", "load_function", "load_router", "main_content",
            "load_user_code"]
 
 logger = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def _routed(router: Router, head: dict[str, Any], body: bytes,
                 text=lambda: decode_to_utf8(body, head["content_type"])[0],
                 data=head["data"], depth=head.get("depth") or 0,
                 label=label if isinstance(label, str) else None,
-                meta=meta if isinstance(meta, dict) else None, content=_main_content)
+                meta=meta if isinstance(meta, dict) else None, content=main_content)
     result = router.run(page, head.get("rule_handler"))
     reply: dict[str, Any] = {"handler": result.handler, "items": result.items,
                              "follow": [r.wire() for r in result.requests if r.urls],
@@ -163,7 +163,7 @@ def _routed(router: Router, head: dict[str, Any], body: bytes,
     return reply
 
 
-def _main_content(html: str, url: str, output: str) -> str | None:
+def main_content(html: str, url: str, output: str) -> str | None:
     """``page.main_text`` / ``page.markdown``: common/work/content.py, imported on first use
     (trafilatura costs ~0.3 s to import; only pages that ask pay it)."""
     from common.work.content import extract_main  # noqa: PLC0415 - lazy by design

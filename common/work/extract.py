@@ -6,7 +6,8 @@ URL, :meth:`Extractor.hook` hands parse a callback that wraps that lxml tree in 
 into the result record under ``data``; a value that does not convert to its field's type
 becomes null, with the reason under ``data_errors[field]`` (``items[3].price`` inside items):
 the page is still a result, never dead-lettered for it. No rules configured: the processor
-holds no extractor and a page costs nothing more.
+holds no extractor and a page costs nothing more. ``get: main_text``/``markdown`` fields
+(:mod:`common.work.content`) serialise the tree for trafilatura, once a page per selector.
 
 A field's ``regex`` runs within the page's RULES_REGEX_TIMEOUT_S
 (:class:`common.work.user_regex.RegexBudget`, GIL released): past it the field is null with
@@ -42,9 +43,10 @@ from lxml import etree
 from parsel import Selector
 
 from common.core.errors import ConfigError, FleetError
+from common.work import content
 from common.work.follow import LinkMarks
 from common.work.parse import parse_html
-from common.work.rules_file import Field, Rule, load_rules
+from common.work.rules_file import CONTENT_GETS, Field, Rule, load_rules
 from common.work.user_regex import (
     REGEX_TIMEOUT_S_DEFAULT,
     REGEX_TIMEOUTS,
@@ -132,7 +134,9 @@ def extract(rule: Rule, root: etree._Element, base_url: str,
     page = Selector(root=root, type="html")
     errors: dict[str, str] = {}
     budget = budget if budget is not None else RegexBudget()
-    data = {f.name: _value(page, f, base_url, errors, f.name, budget) for f in rule.fields}
+    main = content.PageContent(root, base_url)  # main_text/markdown: once a page
+    data = {f.name: _main(page, f, main, errors) if f.get in CONTENT_GETS
+            else _value(page, f, base_url, errors, f.name, budget) for f in rule.fields}
     if rule.items is not None:
         items = rule.items
         data[items.name] = [
@@ -140,6 +144,27 @@ def extract(rule: Rule, root: etree._Element, base_url: str,
              for f in items.fields}
             for i, node in enumerate(page.xpath(items.xpath))]
     return data, errors
+
+
+def _main(page: Selector, field: Field, main: content.PageContent, errors: dict[str, str]
+          ) -> Any:
+    """A ``get: main_text``/``markdown`` field (a value cut to VALUE_MAX_BYTES says so)."""
+    node = None
+    if field.xpath is not None:
+        try:
+            node = next((found.root for found in page.xpath(field.xpath)[:1]), None)
+        except ValueError as exc:
+            errors[field.name] = f"selector: {exc}"[:ERROR_MAX_CHARS]
+            return None
+        if not isinstance(node, etree._Element):  # nothing, or a text node or attribute
+            return field.default
+    try:
+        value, note = main.get(CONTENT_GETS[field.get], field.xpath, node)
+    except content.ContentError as exc:
+        errors[field.name] = str(exc)[:ERROR_MAX_CHARS]
+        return None
+    errors.update({field.name: note} if note is not None else {})  # cut: VALUE_MAX_BYTES
+    return field.default if value is None else value
 
 
 def _value(node: Selector, field: Field, base_url: str, errors: dict[str, str],

@@ -11,20 +11,20 @@ loads) or inline JSON. Top level: a list of rules, or ``{"rules": [...]}``. A ru
     items: {selector: .product, fields: {NAME: FIELD, ...}, name: items}
     follow: {allow: [REGEX], deny: [REGEX], css: AREA, xpath: AREA, nofollow: true,
              depth: 3, priority: false, domains: [shop.example]}   # crawl mode; or false
+    handler: product        # HANDLERS' handler for the rule's pages (Rule.handler)
 
 At least one of host/path/url; every one given must match; the first matching rule wins.
 A FIELD is a CSS selector string (its text), or a mapping: ``css`` or ``xpath``; ``get``
-(``text`` (default), ``attr:NAME``, ``html``); ``many``; ``regex`` (group 1 if it has groups,
-or ``group``); ``type`` (str int float decimal date bool url); ``format`` (strptime, for a
-date); ``default``. ``follow`` (crawl mode, :mod:`common.work.follow`): ``false`` follows
-nothing from the rule's pages; a mapping keeps the links whose URL some ``allow`` regex
-searches (all when none) and no ``deny`` regex does, found inside the ``css``/``xpath`` link
-areas (one selector or a list; the whole page when none); ``nofollow`` (default
-CRAWL_NOFOLLOW) honours ``rel="nofollow"`` and a robots ``nofollow`` meta/header; ``depth``
-replaces CRAWL_MAX_DEPTH, ``priority: true`` sends the links to the priority queue, ``domains``
-replaces CRAWL_ALLOWED_DOMAINS' scope. A rule may have only ``follow``. Selectors are compiled here: CSS through parsel's translator into XPath,
-every XPath by lxml, so a page never pays for compiling and a typo stops the worker at once.
-Any error is a :class:`ConfigError` naming the rule and the field.
+(``text`` (default), ``attr:NAME``, ``html``, ``main_text``, ``markdown``); ``many``;
+``regex`` (group 1 if it has groups, or ``group``); ``type`` (str int float decimal date bool
+url); ``format`` (strptime, for a date); ``default``. ``get: main_text`` / ``markdown``
+(:mod:`common.work.content`, docs/content.md): the page's main content, boilerplate removed,
+or with ``css``/``xpath`` the first selected element's; only ``default`` may go with it, and
+not in ``items``. ``follow`` (crawl mode; :mod:`common.work.follow` says what each key does):
+``false`` follows nothing from the rule's pages. A rule may have only ``follow`` or
+``handler``. Selectors and regexes are compiled here (:mod:`common.work.rules_compile`), so
+a page never pays for compiling and a typo stops the worker at once. Any error is a
+:class:`ConfigError` naming the rule and the field.
 
 User regexes (``path``, ``url``, a field's ``regex``, ``allow``/``deny``) are compiled with the
 ``regex`` module and searched within the page's time budget: :mod:`common.work.user_regex`.
@@ -41,21 +41,23 @@ from typing import Any
 
 import regex
 import yaml
-from cssselect import SelectorError
-from lxml import etree
-from parsel.csstranslator import HTMLTranslator
 
 from common.core.errors import ConfigError
 from common.core.urls import setting_host
+from common.work.rules_compile import compile_css as _css
+from common.work.rules_compile import compile_regex as _regex
+from common.work.rules_compile import compile_xpath as _xpath
 from common.work.user_regex import REGEX_TIMEOUTS, RegexBudget, RegexTimeout, rule_warnings
 
 TYPES = ("str", "int", "float", "decimal", "date", "bool", "url")
-RULE_KEYS = {"name", "host", "path", "url", "fields", "items", "follow"}
+RULE_KEYS = {"name", "host", "path", "url", "fields", "items", "follow", "handler"}
 FIELD_KEYS = {"css", "xpath", "get", "many", "regex", "group", "type", "format", "default"}
 ITEMS_KEYS = {"selector", "css", "xpath", "fields", "name"}
 FOLLOW_KEYS = {"allow", "deny", "css", "xpath", "nofollow", "depth", "priority", "domains"}
+CONTENT_GETS = {"main_text": "text", "markdown": "markdown"}  # get -> content.OUTPUTS
+#: A handler's name: scrape_fleet.request.HANDLER_NAME (common/ never imports scrape_fleet).
+HANDLER_NAME = regex.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
-_translator = HTMLTranslator()
 logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +65,8 @@ class Field:
     """One field of a rule: a compiled selector and what to do with what it selects."""
 
     name: str
-    xpath: str  # CSS translated; parsel evaluates it on the page's lxml tree
-    get: str  # "text", "html" or "attr"
+    xpath: str | None  # CSS translated; None: the whole page (main_text, markdown only)
+    get: str  # "text", "html", "attr", "main_text" or "markdown"
     attr: str | None
     many: bool
     regex: regex.Pattern[str] | None
@@ -106,6 +108,7 @@ class Rule:
     fields: tuple[Field, ...] = ()
     items: Items | None = None
     follow: Follow | None = None
+    handler: str | None = None  # HANDLERS' handler for the pages it matches
 
     def matches(self, url: str, host: str, path: str, budget: RegexBudget | None = None
                 ) -> bool:
@@ -181,13 +184,17 @@ def _rule(spec: Any, n: int) -> Rule:
     host = spec.get("host")
     if host is not None:
         host = _host(host if isinstance(host, str) else "", where, "host")
-    fields = _fields(spec.get("fields"), where,
-                     required=spec.get("items") is None and "follow" not in spec)
+    handler = spec.get("handler")
+    if handler is not None and not (isinstance(handler, str) and HANDLER_NAME.fullmatch(handler)):
+        raise ConfigError(f"EXTRACT_RULES {where} handler: expected a name like product_page "
+                          f"(letters, digits, _ . -; 64 at most), got {handler!r}")
+    fields = _fields(spec.get("fields"), where, required=spec.get("items") is None
+                     and "follow" not in spec and handler is None)
     items = _items(spec["items"], where) if spec.get("items") is not None else None
     follow = _follow(spec["follow"], where) if "follow" in spec else None
     return Rule(name=name, host=host, path=_regex(spec.get("path"), where, "path"),
                 url=_regex(spec.get("url"), where, "url"), fields=fields, items=items,
-                follow=follow)
+                follow=follow, handler=handler)
 
 
 def _follow(spec: Any, where: str) -> Follow:
@@ -250,7 +257,11 @@ def _items(spec: Any, where: str) -> Items:
         xpath = _xpath(spec["xpath"], where, "xpath")
     else:
         xpath = _css(spec.get("selector", spec.get("css")), where, "selector")
-    return Items(name, xpath, _fields(spec.get("fields"), where, required=True))
+    fields = _fields(spec.get("fields"), where, required=True)
+    if bad := [f for f in fields if f.get in CONTENT_GETS]:
+        raise ConfigError(f"EXTRACT_RULES {where} field {bad[0].name!r}: get {bad[0].get} is "
+                          f"for a rule's fields, not items' (one extraction a page)")
+    return Items(name, xpath, fields)
 
 
 def _fields(spec: Any, where: str, *, required: bool) -> tuple[Field, ...]:
@@ -270,17 +281,21 @@ def _field(name: str, spec: Any, where: str) -> Field:
         raise ConfigError(f"EXTRACT_RULES {where} {label}: expected a CSS selector or a "
                           f"mapping, got {_kind(spec)}")
     _no_unknown(spec, FIELD_KEYS, f"{where} {label}")
-    if ("css" in spec) == ("xpath" in spec):
+    get = spec.get("get", "text")
+    content = isinstance(get, str) and get in CONTENT_GETS  # the rest below keeps its defaults
+    if content and (extra := sorted(set(spec) - {"css", "xpath", "get", "default"})):
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: get {get} takes css or xpath and "
+                          f"default only, not {', '.join(extra)}")
+    if ("css" in spec) == ("xpath" in spec) and not (content and "css" not in spec):
         raise ConfigError(f"EXTRACT_RULES {where} {label}: give exactly one of css, xpath")
     xpath = (_css(spec["css"], where, label) if "css" in spec
-             else _xpath(spec["xpath"], where, label))
-    get = spec.get("get", "text")
+             else _xpath(spec["xpath"], where, label) if "xpath" in spec else None)
     attr = None
     if isinstance(get, str) and get.startswith("attr:") and get[5:].strip():
         get, attr = "attr", get[5:].strip()
-    elif get not in ("text", "html"):
+    elif not content and get not in ("text", "html"):
         raise ConfigError(f"EXTRACT_RULES {where} {label}: unknown get {get!r} "
-                          f"(text, attr:NAME, html)")
+                          f"(text, attr:NAME, html, main_text, markdown)")
     type_ = spec.get("type", "str")
     if type_ not in TYPES:
         raise ConfigError(f"EXTRACT_RULES {where} {label}: unknown type {type_!r} "
@@ -300,41 +315,6 @@ def _field(name: str, spec: Any, where: str) -> Field:
         raise ConfigError(f"EXTRACT_RULES {where} {label}: many is true or false")
     return Field(name=name, xpath=xpath, get=get, attr=attr, many=many, regex=regex,
                  group=group, type=type_, format=fmt, default=spec.get("default"))
-
-
-def _css(css: Any, where: str, label: str) -> str:
-    if not isinstance(css, str) or not css.strip():
-        raise ConfigError(f"EXTRACT_RULES {where} {label}: css selector must be a non-empty "
-                          f"string")
-    try:
-        xpath = _translator.css_to_xpath(css)
-    except SelectorError as exc:
-        raise ConfigError(f"EXTRACT_RULES {where} {label}: bad CSS selector {css!r}: "
-                          f"{exc}") from None
-    return _xpath(xpath, where, label)
-
-
-def _xpath(xpath: Any, where: str, label: str) -> str:
-    if not isinstance(xpath, str) or not xpath.strip():
-        raise ConfigError(f"EXTRACT_RULES {where} {label}: xpath must be a non-empty string")
-    try:
-        etree.XPath(xpath)
-    except etree.XPathSyntaxError as exc:
-        raise ConfigError(f"EXTRACT_RULES {where} {label}: bad XPath {xpath!r}: "
-                          f"{exc}") from None
-    return xpath
-
-
-def _regex(pattern: Any, where: str, label: str) -> regex.Pattern[str] | None:
-    if pattern is None:
-        return None
-    if not isinstance(pattern, str) or not pattern:
-        raise ConfigError(f"EXTRACT_RULES {where} {label}: regex must be a non-empty string")
-    try:  # V0: re's syntax and behaviour (plus what regex adds, e.g. \p{L})
-        return regex.compile(pattern, flags=regex.V0)
-    except (regex.error, ValueError, OverflowError) as exc:
-        raise ConfigError(f"EXTRACT_RULES {where} {label}: regex {pattern!r} does not "
-                          f"compile: {exc}") from None
 
 
 def _no_unknown(spec: dict, known: set[str], where: str) -> None:

@@ -1,0 +1,59 @@
+"""Compile what a rules file (EXTRACT_RULES, :mod:`common.work.rules_file`) names, at start.
+
+CSS selectors through parsel's translator into XPath, every XPath by lxml, user regexes with
+the ``regex`` module (searched within the page's budget: :mod:`common.work.user_regex`). Each
+mistake is a :class:`ConfigError` naming ``where`` (the rule) and ``label`` (the field).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import regex
+from cssselect import SelectorError
+from lxml import etree
+from parsel.csstranslator import HTMLTranslator
+
+from common.core.errors import ConfigError
+
+__all__ = ["compile_css", "compile_regex", "compile_xpath"]
+
+_translator = HTMLTranslator()
+
+
+def compile_css(css: Any, where: str, label: str) -> str:
+    """The XPath a CSS selector translates to (parsel's translator), checked by lxml."""
+    if not isinstance(css, str) or not css.strip():
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: css selector must be a non-empty "
+                          f"string")
+    try:
+        xpath = _translator.css_to_xpath(css)
+    except SelectorError as exc:
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: bad CSS selector {css!r}: "
+                          f"{exc}") from None
+    return compile_xpath(xpath, where, label)
+
+
+def compile_xpath(xpath: Any, where: str, label: str) -> str:
+    """``xpath`` once lxml has compiled it (a page never pays for compiling)."""
+    if not isinstance(xpath, str) or not xpath.strip():
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: xpath must be a non-empty string")
+    try:
+        etree.XPath(xpath)
+    except etree.XPathSyntaxError as exc:
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: bad XPath {xpath!r}: "
+                          f"{exc}") from None
+    return xpath
+
+
+def compile_regex(pattern: Any, where: str, label: str) -> regex.Pattern[str] | None:
+    """A user regex compiled with the ``regex`` module (V0), or None for None."""
+    if pattern is None:
+        return None
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: regex must be a non-empty string")
+    try:  # V0: re's syntax and behaviour (plus what regex adds, e.g. \p{L})
+        return regex.compile(pattern, flags=regex.V0)
+    except (regex.error, ValueError, OverflowError) as exc:
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: regex {pattern!r} does not "
+                          f"compile: {exc}") from None

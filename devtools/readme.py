@@ -1,34 +1,40 @@
-"""README sections generated from the code, so they cannot drift from it.
+"""The docs' reference tables, generated from the code, so they cannot drift from it.
 
-Each section sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` markers:
+Each table sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` markers in its page
+(:data:`PAGES`):
 
-* ``config-table``: every setting, from :data:`common.core.config.KNOBS`;
-* ``layout``: every room of ``common/`` (its ``__init__`` docstring) and every module in it
-  (the first line of its docstring), then the entry scripts and support folders;
-* ``redis-keys``: the key schema, from the header of :mod:`common.store.keys`.
+* ``config-table`` (docs/reference/configuration.md): every setting, from
+  :data:`common.core.config.KNOBS`;
+* ``redis-keys`` (docs/reference/redis-and-queues.md): the key schema, from the header of
+  :mod:`common.store.keys`;
+* ``layout`` (docs/reference/layout.md): every room of ``common/`` (its ``__init__``
+  docstring) and every module in it (the first line of its docstring), then the entry scripts
+  and support folders.
 
-``python -m devtools.readme`` rewrites README.md; ``--check`` exits 1 when it is stale (what
-tests/test_docs.py asserts).
+``python -m devtools.readme`` rewrites the pages; ``--check`` exits 1 when one is stale (what
+tests/test_docs.py asserts). The module kept its name from when the tables were in README.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from common.core.config import KNOBS
 from common.store import keys
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-README = REPO_ROOT / "README.md"
+REFERENCE = REPO_ROOT / "docs" / "reference"
 #: Rooms of ``common/`` in the order a URL meets them (lowest floor first).
 ROOMS = ("core", "broker", "store", "web", "intake", "work", "sink", "ops")
 #: Top-level folders beside ``common/`` and what they hold.
 SUPPORT = {
     "devtools/": "local RabbitMQ and Redis for the tests and the local run, the loopback "
-                 "test site, fault injection, this README generator",
+                 "test site, fault injection, the docs' reference generator",
     "bench/": "the benchmark (one module per phase) and its farm of static sites",
     "tests/": "mirrors `common/`: `tests/<room>/` per room, whole-fleet tests at the top",
     "monitoring/": "Prometheus and Grafana provisioning for compose",
@@ -92,30 +98,53 @@ def redis_keys() -> str:
     return "\n".join(rows)
 
 
-SECTIONS = {"config-table": config_table, "layout": layout, "redis-keys": redis_keys}
+SECTIONS: dict[str, Callable[[], str]] = {
+    "config-table": config_table, "layout": layout, "redis-keys": redis_keys}
+#: Each generated page and the sections it holds.
+PAGES: dict[Path, tuple[str, ...]] = {
+    REFERENCE / "configuration.md": ("config-table",),
+    REFERENCE / "redis-and-queues.md": ("redis-keys",),
+    REFERENCE / "layout.md": ("layout",),
+}
 
 
-def render(text: str) -> str:
-    """``text`` with every generated section rewritten."""
-    for name, build in SECTIONS.items():
+def section(text: str, name: str) -> str | None:
+    """What stands between ``name``'s markers in ``text`` (None when they are missing)."""
+    found = re.search(rf"<!-- {name}:start -->\n(.*?)\n?<!-- {name}:end -->", text, re.S)
+    return found.group(1) if found else None
+
+
+def render(text: str, names: tuple[str, ...] = tuple(SECTIONS)) -> str:
+    """``text`` with the generated sections ``names`` rewritten."""
+    for name in names:
         start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
         pattern = re.compile(rf"{re.escape(start)}\n.*?{re.escape(end)}", re.S)
         if not pattern.search(text):
-            raise ValueError(f"README lost its {name} markers")
-        section = f"{start}\n{build()}\n{end}"
-        text = pattern.sub(lambda _m, section=section: section, text)
+            raise ValueError(f"the page lost its {name} markers")
+        block = f"{start}\n{SECTIONS[name]()}\n{end}"
+        text = pattern.sub(lambda _m, block=block: block, text)
     return text
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text(encoding="utf-8")
-    updated = render(text)
-    if "--check" in argv:
-        if updated != text:
-            print("README.md is stale: python -m devtools.readme", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(updated, encoding="utf-8")
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.readme",
+        description="Rewrite the docs' generated reference tables (docs/reference/).")
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 when a page is stale")
+    args = parser.parse_args(argv)
+    stale = []
+    for page, names in PAGES.items():
+        text = page.read_text(encoding="utf-8")
+        updated = render(text, names)
+        if updated == text:
+            continue
+        stale.append(page.relative_to(REPO_ROOT))
+        if not args.check:
+            page.write_text(updated, encoding="utf-8")
+    if args.check and stale:
+        print(f"stale: {', '.join(map(str, stale))}: python -m devtools.readme", file=sys.stderr)
+        return 1
     return 0
 
 

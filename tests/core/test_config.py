@@ -7,14 +7,6 @@ from common.core.errors import ConfigError
 from devtools.readme import config_table
 
 
-def test_every_knob_default_matches_the_settings_default():
-    defaults = Settings()
-    for knob in KNOBS:
-        if knob.default is None:
-            continue
-        assert getattr(defaults, knob.attr) == knob.parse(knob.default), knob.env
-
-
 def test_empty_environment_gives_localhost_defaults():
     settings = load_settings({})
     assert settings.rabbitmq_url == "amqp://localhost:5672/%2F"

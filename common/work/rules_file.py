@@ -286,16 +286,16 @@ def _field(name: str, spec: Any, where: str) -> Field:
     if content and (extra := sorted(set(spec) - {"css", "xpath", "get", "default"})):
         raise ConfigError(f"EXTRACT_RULES {where} {label}: get {get} takes css or xpath and "
                           f"default only, not {', '.join(extra)}")
-    if ("css" in spec) == ("xpath" in spec) and not (content and "css" not in spec):
-        raise ConfigError(f"EXTRACT_RULES {where} {label}: give exactly one of css, xpath")
-    xpath = (_css(spec["css"], where, label) if "css" in spec
-             else _xpath(spec["xpath"], where, label) if "xpath" in spec else None)
     attr = None
     if isinstance(get, str) and get.startswith("attr:") and get[5:].strip():
         get, attr = "attr", get[5:].strip()
     elif not content and get not in ("text", "html"):
         raise ConfigError(f"EXTRACT_RULES {where} {label}: unknown get {get!r} "
                           f"(text, attr:NAME, html, main_text, markdown)")
+    if ("css" in spec) == ("xpath" in spec) and not (content and "css" not in spec):
+        raise ConfigError(f"EXTRACT_RULES {where} {label}: give exactly one of css, xpath")
+    xpath = (_css(spec["css"], where, label) if "css" in spec
+             else _xpath(spec["xpath"], where, label) if "xpath" in spec else None)
     type_ = spec.get("type", "str")
     if type_ not in TYPES:
         raise ConfigError(f"EXTRACT_RULES {where} {label}: unknown type {type_!r} "

@@ -231,3 +231,66 @@ def test_bad_rules_files_stop_with_a_clear_error(name, tmp_path):
     out = subprocess.run([sys.executable, "-m", "common.work.extract", str(path),
                           str(path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "configuration error: EXTRACT_RULES" in out.stderr
+
+
+BAD_CONTENT_RULES = {  # get main_text / markdown, and a rule's handler
+    "content_with_regex": ('[{"name": "r", "host": "a.b", "fields": {"body": {"get": '
+                           '"markdown", "regex": "x"}}}]',
+                           r"rule 'r' field 'body': get markdown takes css or xpath and "
+                           r"default only, not regex"),
+    "content_many_typed": ('[{"host": "a.b", "fields": {"t": {"css": "article", "get": '
+                           '"main_text", "many": true, "type": "int"}}}]',
+                           r"rule 1 field 't': get main_text .* not many, type"),
+    "content_css_and_xpath": ('[{"name": "r", "host": "a.b", "fields": {"b": {"get": '
+                              '"markdown", "css": "a", "xpath": "//a"}}}]',
+                              r"rule 'r' field 'b': give exactly one of css, xpath"),
+    "content_bad_css": ('[{"name": "r", "host": "a.b", "fields": {"b": {"get": "markdown", '
+                        '"css": "div[[x"}}}]', r"rule 'r' field 'b': bad CSS selector"),
+    "content_in_items": ('[{"name": "r", "host": "a.b", "items": {"selector": ".p", "fields": '
+                         '{"d": {"get": "markdown"}}}}]',
+                         r"rule 'r' items field 'd': get markdown is for a rule's fields"),
+    "get_typo": ('[{"name": "r", "host": "a.b", "fields": {"b": {"get": "mark_down"}}}]',
+                 r"rule 'r' field 'b': unknown get 'mark_down' \(text, attr:NAME, html, "
+                 r"main_text, markdown\)"),
+    "handler_number": ('[{"name": "r", "host": "a.b", "handler": 7}]',
+                       r"rule 'r' handler: expected a name like product_page .* got 7"),
+    "handler_space": ('[{"host": "a.b", "handler": "product page"}]',
+                      r"rule 1 handler: .* got 'product page'"),
+    "handler_digit_first": ('[{"host": "a.b", "handler": "1st"}]', r"rule 1 handler: "),
+    "handler_too_long": ('[{"host": "a.b", "handler": "' + "h" * 65 + '"}]',
+                         r"rule 1 handler: "),
+    "handler_without_matcher": ('[{"name": "r", "handler": "product"}]',
+                                r"rule 'r': needs a matcher"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CONTENT_RULES))
+def test_bad_content_fields_and_handler_names_stop_with_an_error_naming_rule_and_field(name):
+    text, message = BAD_CONTENT_RULES[name]
+    with pytest.raises(ConfigError, match="EXTRACT_RULES " + message):
+        load_rules(text)
+
+
+def test_a_rule_may_have_only_a_matcher_and_a_handler():
+    (rule,) = load_rules('[{"path": "^/p/", "handler": "product.v2"}]')
+    assert rule.handler == "product.v2" and rule.fields == () and rule.items is None
+    (plain,) = load_rules('[{"host": "a.b", "fields": {"t": "h1"}}]')
+    assert plain.handler is None
+    record: dict = {}
+    hook = Extractor((rule,)).hook(record, "http://a.b/p/1")
+    parse_html(b"<html><body><h1>x</h1></body></html>", "http://a.b/p/1", on_tree=hook)
+    assert "data" not in record  # a handler-only rule extracts nothing itself
+
+
+def test_a_content_field_may_select_an_element_or_take_the_whole_page():
+    (rule,) = load_rules('[{"host": "a.b", "fields": {"page": {"get": "markdown"}, '
+                         '"one": {"xpath": "//article", "get": "main_text", "default": ""}}}]')
+    page, one = rule.fields
+    assert (page.xpath, page.get, one.get, one.default) == (None, "markdown", "main_text", "")
+    assert one.xpath == "//article" and not one.many and one.regex is None
+
+
+def test_the_rules_handler_name_is_the_handler_apis():
+    request = pytest.importorskip("scrape_fleet.request")
+    from common.work.rules_file import HANDLER_NAME
+    assert HANDLER_NAME.pattern == request.HANDLER_NAME.pattern

@@ -193,12 +193,13 @@ def _node(fleet: FleetDir, binaries: dict[str, str], *, any_port: bool) -> Rabbi
 
 def _spawn(fleet: FleetDir, name: str, command: list[str], env: dict[str, str],
            extra: dict[str, str] | None = None) -> Proc:
-    """``python -m common.ops.console COMMAND`` in the background, its output in logs/."""
+    """``python -m common.ops.console COMMAND`` in the background, its output in logs/; the
+    directory ``up`` runs in is on its import path (HANDLERS=myproject.handlers:router)."""
     package_root = str(Path(__file__).resolve().parents[2])  # where `common` is importable
     inherited = {k: v for k, v in os.environ.items() if k not in LOCAL_VARIABLES}
+    path = [package_root, os.getcwd(), os.environ.get("PYTHONPATH")]
     full = dict(inherited, **env, **(extra or {}), PYTHONUNBUFFERED="1",
-                PYTHONPATH=os.pathsep.join(filter(None, [package_root,
-                                                         os.environ.get("PYTHONPATH")])))
+                PYTHONPATH=os.pathsep.join(filter(None, path)))
     with (fleet.logs / f"{name}.log").open("ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "common.ops.console", *command],
                                 env=full, stdin=subprocess.DEVNULL, stdout=log,

@@ -49,6 +49,7 @@ how often to descale, what to use and what to avoid.</p>
 <li>A soft brush for the spout filter</li></ul>
 <p>Citric acid is <em>odourless</em> and works as well as vinegar; see our
 <a href="/guides/citric-acid">citric acid guide</a> for the quantities that suit your kettle.</p>
+<table><tr><th>Kettle</th><th>Citric acid</th></tr><tr><td>1.7 l</td><td>2 tbsp</td></tr></table>
 <h2>How often</h2>
 <p>In a hard-water area, descale once a month; in a soft-water area, every three months is
 enough. If you see white flakes floating in your tea, it is overdue, whatever the calendar
@@ -84,6 +85,7 @@ def test_markdown_keeps_headings_list_items_emphasis_and_absolute_links():
     assert "## What you need" in lines and "## How often" in lines
     assert "- Fresh water for rinsing" in lines
     assert "*odourless*" in markdown
+    assert "| Kettle | Citric acid |" in markdown and "| 1.7 l | 2 tbsp |" in markdown
     assert "[citric acid guide](https://kettle.example/guides/citric-acid)" in markdown
     assert not [junk for junk in BOILERPLATE if junk in markdown]
 

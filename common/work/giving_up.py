@@ -1,8 +1,8 @@
-"""The processor's ways to give up on a URL: retry later, dead-letter, poison.
+"""The worker's ways to give up on a URL: retry later, dead-letter, poison.
 
-:class:`GivingUp` is a base of :class:`common.work.processor.Processor` and reads its
-``settings``, ``client``, ``limiter``, ``done``, ``results`` and ``poison``. Each method
-returns the :class:`~common.work.outcome.Outcome` to publish; nothing is acked here.
+One :class:`GivingUp` per processor (common/work/processor.py), handed to the steps that may
+end a delivery that way (common/work/steps/). Each method returns the
+:class:`~common.work.outcome.Outcome` to publish; nothing is acked here.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from common.core.backoff import retry_delay_s
 from common.core.config import Settings
 from common.core.errors import BadMessage, InvalidURL
 from common.core.urls import canonicalize, fingerprint
-from common.store.dedupe import DoneSet
+from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import COUNTERS, failures_key
 from common.store.marks import DoneMark, Retime
 from common.store.results import ResultStore
@@ -31,37 +31,49 @@ from common.work.record import failure_record
 
 
 class GivingUp:
-    settings: Settings
-    client: redis.Redis
-    limiter: RateLimiter
-    done: DoneSet
-    results: ResultStore
-    poison: PoisonGuard
+    """Retries, dead letters and done marks, from the settings they need (never kept whole)."""
 
-    def _failed(self, url: str, message: WorkMessage, queue: str,
+    def __init__(self, settings: Settings, client: redis.Redis, limiter: RateLimiter,
+                 done: DoneSet, seen: SeenSet, results: ResultStore,
+                 poison: PoisonGuard) -> None:
+        self.client = client
+        self.limiter = limiter
+        self.done = done
+        self.seen = seen
+        self.results = results
+        self.poison = poison
+        self.worker_id = settings.worker_id
+        self.max_url_length = settings.max_url_length
+        self.max_retries = settings.max_retries
+        self.failures_ttl_s = settings.failures_ttl_s
+        self.retry_base_s = settings.retry_base_s
+        self.retry_max_s = settings.retry_max_s
+        self.retry_after_max_s = settings.retry_after_max_s
+
+    def failed(self, url: str, message: WorkMessage, queue: str,
                 failure: Failure, retime: Retime | None = None) -> Outcome:
         """A transient failure: count it in Redis, then retry later or give up."""
         key = failures_key(url)
         pipe = self.client.pipeline(transaction=True)
         pipe.incr(key)
-        pipe.expire(key, self.settings.failures_ttl_s)
+        pipe.expire(key, self.failures_ttl_s)
         self.limiter.report(pipe, url, failure, retime)  # permit re-time; 429/503/timeout throttle
         failures = int(pipe.execute()[0])
         first_failure = message.extra.get("first_failure") or utc_now_iso()
         updated = replace(message, attempts=failures,
                           extra={**message.extra, "first_failure": first_failure,
                                  "last_status": failure.status, "last_error": failure.error})
-        if failures > self.settings.max_retries:
-            return self._dead_letter(updated, url, queue, failure, gave_up=True)
-        delay_s = retry_delay_s(failures, failure.retry_after, base_s=self.settings.retry_base_s,
-                                max_s=self.settings.retry_max_s,
-                                retry_after_max_s=self.settings.retry_after_max_s)
+        if failures > self.max_retries:
+            return self.dead_letter(updated, url, queue, failure, gave_up=True)
+        delay_s = retry_delay_s(failures, failure.retry_after, base_s=self.retry_base_s,
+                                max_s=self.retry_max_s,
+                                retry_after_max_s=self.retry_after_max_s)
         self.client.hincrby(COUNTERS, "retries", 1)
         metrics.RETRIES.inc()
         return park(updated, queue, delay_s * 1000, turn=False,  # MAX_WAIT_S counts after it
-                    why=f"retry {failures}/{self.settings.max_retries} after {failure.reason}")
+                    why=f"retry {failures}/{self.max_retries} after {failure.reason}")
 
-    def _dead_letter(self, message: WorkMessage, url: str, queue: str, failure: Failure, *,
+    def dead_letter(self, message: WorkMessage, url: str, queue: str, failure: Failure, *,
                      gave_up: bool = False, retime: Retime | None = None) -> Outcome:
         reason = "max_retries" if gave_up else failure.reason
         headers = dead_letter_headers(
@@ -78,18 +90,18 @@ class GivingUp:
         pipe.execute()
         return dead_letter(url, body, headers, f"{reason} ({failure.reason})",
                            self._failure_record(url, headers, queue, message.depth),
-                           mark_done=self._done_mark(url, message))
+                           mark_done=self.done_mark(url, message))
 
-    def _done_mark(self, url: str, message: WorkMessage) -> DoneMark:
+    def done_mark(self, url: str, message: WorkMessage) -> DoneMark:
         """The done mark of this message's outcome: the URL's, or for a recrawl (a ``nonce``
         in the message) that of this one refresh."""
         nonce = message.extra.get("nonce")
         return self.done.mark_for(url, nonce if isinstance(nonce, str) else None)
 
-    def _is_done(self, url: str, message: WorkMessage) -> bool:
-        return self.done.contains(self._done_mark(url, message))
+    def is_done(self, url: str, message: WorkMessage) -> bool:
+        return self.done.contains(self.done_mark(url, message))
 
-    def _dead_letter_raw(self, body: bytes, url: str, reason: str, error: str) -> Outcome:
+    def dead_letter_raw(self, body: bytes, url: str, reason: str, error: str) -> Outcome:
         headers = dead_letter_headers(reason, last_error=error)
         self.client.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
         return dead_letter(url, body, headers, f"{reason}: {error}",
@@ -97,7 +109,7 @@ class GivingUp:
 
     def _failure_record(self, url: str, headers: dict[str, Any], queue: str | None,
                         depth: int | None) -> dict[str, Any]:
-        return failure_record(url, headers, worker=self.settings.worker_id, queue=queue,
+        return failure_record(url, headers, worker=self.worker_id, queue=queue,
                               depth=depth)
 
     def record_dead_letter(self, mark: DoneMark | None, record: dict[str, Any] | None) -> None:
@@ -125,16 +137,16 @@ class GivingUp:
         pipe.srem(self.seen.key(fp), fp.member)
         pipe.execute()
 
-    def _poison_dropped(self, body: bytes) -> Outcome:
+    def poison_dropped(self, body: bytes) -> Outcome:
         try:
             message = WorkMessage.from_json(body)
-            url = canonicalize(message.url, max_length=self.settings.max_url_length)
+            url = canonicalize(message.url, max_length=self.max_url_length)
         except (BadMessage, InvalidURL) as exc:
-            return self._dead_letter_raw(body, "<unparsable>", "poison",
+            return self.dead_letter_raw(body, "<unparsable>", "poison",
                                          f"past the queue's delivery limit; {exc}")
-        if self._is_done(url, message):
+        if self.is_done(url, message):
             return Outcome("already_done", url, detail="past the delivery limit, recorded")
-        return self._dead_letter(message, url, topology.NORMAL_QUEUE, Failure(
+        return self.dead_letter(message, url, topology.NORMAL_QUEUE, Failure(
             "poison", error=f"past the quorum queue's delivery limit "
                             f"({topology.DELIVERY_LIMIT}); last stage "
                             f"{self.poison.last_stage(url)}"))

@@ -2,7 +2,7 @@
 
 The fetcher follows a redirect itself only while it stays on the URL's own origin (scheme,
 host and port: the same robots.txt and the same rate-limit domain) and the origin's robots.txt
-allows the target (:meth:`Redirects.follow_rule`). Any other hop — to another host, another
+allows the target (:func:`follow_rule`). Any other hop — to another host, another
 scheme or port, or to a path robots.txt disallows — ends the fetch: the 3xx is the URL's
 result (``status`` 3xx, ``redirect_to``, ``redirect``: what became of the target) and the target
 goes through the producer path as a URL of its own (:meth:`Redirects.hand_off`), like a Scrapy
@@ -55,17 +55,20 @@ def _same_origin_allowed(url: str, rules: RobotsRules | None, target: str) -> bo
     return origin_of(target) == origin_of(url) and (rules is None or rules.allows(target))
 
 
+def follow_rule(url: str, rules: RobotsRules | None) -> Callable[[str], bool]:
+    """Which redirect hops of ``url``'s fetch the fetcher follows itself (nothing is computed
+    until a redirect comes)."""
+    return partial(_same_origin_allowed, url, rules)
+
+
 class Redirects:
     def __init__(self, settings: Settings, client: redis.Redis,
                  follower: LinkFollower | None) -> None:
-        self.follower = follower  # crawl mode: its scope rule and page budget
+        # Crawl mode: its scope rule and page budget. A follower built for handlers' follow
+        # requests alone changes nothing here: outside crawl mode every target is enqueued.
+        self.follower = follower if settings.crawl_enabled else None
+        self._own_producers = follower is None
         self.producers = follower.producers if follower else ThreadProducers(settings, client)
-
-    @staticmethod
-    def follow_rule(url: str, rules: RobotsRules | None) -> Callable[[str], bool]:
-        """Which redirect hops of ``url``'s fetch the fetcher follows itself (nothing is
-        computed until a redirect comes)."""
-        return partial(_same_origin_allowed, url, rules)
 
     def hand_off(self, url: str, message: WorkMessage, queue: str, target: str, hops: int,
                  token: str) -> dict[str, Any]:
@@ -96,5 +99,5 @@ class Redirects:
         return fields
 
     def close(self) -> None:
-        if self.follower is None:
+        if self._own_producers:
             self.producers.close()

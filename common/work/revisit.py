@@ -8,6 +8,11 @@ each scheduled URL and puts them into the recrawl's message as ``extra["validato
 processor as ``status: 304, unchanged: true`` with the validators it carried: no parse, no
 content hash, not a failure — the scheduler reads it as "unchanged" and lets the interval grow.
 
+A message may also carry request headers of its own (``extra["headers"]``: a handler's
+``page.follow(url, headers=...)``), checked when the message is decoded
+(:func:`common.core.headers.check_headers`); :func:`request_headers` sends them under the
+conditional ones, which win a name both give.
+
 Validators come from sites, so they are taken only as short printable ASCII (at most
 :data:`MAX_VALIDATOR_CHARS`): a value with a line break could otherwise add request headers
 of its own.
@@ -19,7 +24,7 @@ from common.broker.messages import WorkMessage
 from common.web.curl import MAX_VALIDATOR_CHARS, sendable
 from common.web.fetch import FetchResult
 
-__all__ = ["MAX_VALIDATOR_CHARS", "conditional_headers", "validators_of"]
+__all__ = ["MAX_VALIDATOR_CHARS", "conditional_headers", "request_headers", "validators_of"]
 
 #: Record field -> (response header, request header that sends it back).
 _FIELDS = (("etag", "etag", "If-None-Match"),
@@ -48,3 +53,15 @@ def conditional_headers(message: WorkMessage) -> tuple[str, ...]:
         if value is not None:
             lines.append(f"{request}: {value}")
     return tuple(lines)
+
+
+def request_headers(message: WorkMessage, asked: dict[str, str] | None) -> tuple[str, ...]:
+    """The header lines of ``message``'s fetch: ``asked`` (its own headers, already checked),
+    then the conditional ones (:func:`conditional_headers`), which replace any of ``asked``
+    with the same name."""
+    conditional = conditional_headers(message)
+    if not asked:
+        return conditional
+    taken = {line.split(":", 1)[0].lower() for line in conditional}
+    return (*(f"{name}: {value}" for name, value in asked.items()
+              if name.lower() not in taken), *conditional)

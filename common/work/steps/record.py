@@ -1,0 +1,55 @@
+"""Record: the page's record, cache entry and counters into Redis in one call.
+
+The result script (common/store/results.py) appends the record to ``results``, marks the URL
+done, re-times its permit, clears its failure count and caches the response (CACHE_TTL_S), so
+a redelivery after it finds the outcome recorded. The loop's other tasks run while Redis
+answers. The second of the page's two round trips, and the end of the trip.
+"""
+
+from __future__ import annotations
+
+from common.core.config import Settings
+from common.store.results import ResultStore
+from common.web import cache as response_cache
+from common.web import multi
+from common.work import metrics
+from common.work.outcome import Outcome
+from common.work.record import bound
+from common.work.steps.trip import Trip
+
+
+class Record:
+    def __init__(self, results: ResultStore, *, max_record_bytes: int, cache_ttl_s: int,
+                 cache_max_bytes: int) -> None:
+        self.results = results
+        self.max_record_bytes = max_record_bytes
+        self.cache_ttl_s = cache_ttl_s  # 0: no cache
+        self.cache_max_bytes = cache_max_bytes
+
+    @classmethod
+    def from_settings(cls, settings: Settings, results: ResultStore) -> Record:
+        return cls(results, max_record_bytes=settings.max_record_bytes,
+                   cache_ttl_s=settings.cache_ttl_s, cache_max_bytes=settings.cache_max_bytes)
+
+    def record_page(self, trip: Trip) -> Outcome:
+        """Store the page's record: the outcome of the delivery."""
+        message, read, cached = trip.message, trip.read, trip.cached
+        record = read.record
+        if "redirected_from" in message.extra:  # reached through a redirect (redirects.py)
+            record["redirected_from"] = message.extra["redirected_from"]
+        bound(record, self.max_record_bytes)
+        cache_value = None
+        if not cached and self.cache_ttl_s > 0:
+            value = response_cache.encode(trip.response, self.cache_max_bytes)
+            cache_value = (value, self.cache_ttl_s) if value is not None else None
+        counters = {"cache_hits": 1} if cached else (
+            {"cache_misses": 1} if self.cache_ttl_s > 0 else {})
+        for kind, count in read.counters.items():  # user code and regexes stopped (issue 23)
+            counters[kind] = count
+            metrics.USER_CODE_STOPPED.labels(kind).inc(count)
+        with multi.yielding():
+            self.results.record(record, cache=cache_value, counters=counters,
+                                clear_failures=message.attempts > 0, done=trip.done,
+                                retime=trip.retime)
+        return Outcome("result", trip.url, detail=f"status {trip.response.status}"
+                       + (" (cached)" if cached else ""))

@@ -1,0 +1,50 @@
+"""One delivery's trip through the steps: what each step found, for the steps after it.
+
+Not a step: the one object the steps share (common/work/steps/__init__.py). A step reads the
+fields the steps before it set and sets its own; nothing else travels between them. One
+:class:`Trip` per delivery, the only allocation the pipeline adds to a page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from common.broker.messages import WorkMessage
+    from common.store.marks import DoneMark, Retime
+    from common.web.fetch import FetchResult
+    from common.web.ratelimit import Admission
+    from common.web.robots import RobotsRules
+    from common.work.page_record import PageRead
+    from common.work.poison import Progress
+
+
+@dataclass(slots=True)
+class Trip:
+    """A work-queue delivery (``body`` from ``queue``; ``redelivered``: the broker's flag) and
+    what the steps learnt of it, in the order they learn it."""
+
+    body: bytes
+    queue: str
+    redelivered: bool = False
+    message: WorkMessage | None = None  # Decode: the message
+    url: str = ""  # Decode: the canonical URL
+    headers: dict[str, str] | None = None  # Decode: the request's own headers (checked)
+    progress: Progress | None = None  # Arrive: its stage (poison.py)
+    rules: RobotsRules | None = None  # Robots: the origin's robots.txt (None: not asked)
+    done: DoneMark | None = None  # Admit: the URL's done mark
+    admission: Admission | None = None  # Admit: its rate-limit turn
+    response: FetchResult | None = None  # Fetch, or Admit from the cache
+    cached: bool = False  # Admit: the response came from the cache (nothing fetched)
+    retime: Retime | None = None  # Fetch: the permit, re-timed to the send time
+    read: PageRead | None = None  # Read: the record and what to follow
+
+    @property
+    def token(self) -> str:
+        """The page's done-mark token: its claims on the links it publishes."""
+        return f"{self.done.key}:{self.done.member}"
+
+    @classmethod
+    def begin(cls, body: bytes, queue: str, redelivered: bool) -> Trip:
+        return cls(body, queue, redelivered)

@@ -1,0 +1,1 @@
+"""The documentation-site example: one handler, Markdown out (see README.md here)."""

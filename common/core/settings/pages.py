@@ -38,7 +38,8 @@ class CrawlSettings(SettingsGroup):
 
 @dataclass(frozen=True, repr=False)
 class ExtractSettings(SettingsGroup):
-    """What a page's record holds: its size, the extraction rules and user code, and their limits."""
+    """What a page's record holds: its size cap, the extraction rules and user code, and their
+    limits."""
 
     max_record_bytes: int = setting(
         "MAX_RECORD_BYTES", values.positive_int, "65536",
@@ -97,7 +98,8 @@ class ArchiveSettings(SettingsGroup):
 
 @dataclass(frozen=True, repr=False)
 class PageLimitSettings(SettingsGroup):
-    """Bounds on one page and one delivery: links kept, tags parsed, deaths and time before `poison`."""
+    """Bounds on one page and one delivery: links kept, tags parsed, and the deaths and parse
+    time before its URL is `poison`."""
 
     record_max_links: int = setting(
         "RECORD_MAX_LINKS", values.non_negative_int, "1000",

@@ -1,0 +1,110 @@
+"""HANDLERS through a real worker (RabbitMQ, Redis, the loopback site): the handler a page
+runs follows the label its request gave, ``meta`` and request headers travel with the
+follow requests, items land in the record, and a failing handler is recorded on its page."""
+
+from __future__ import annotations
+
+import textwrap
+import uuid
+
+import pytest
+
+from common.core.errors import ConfigError
+from common.intake.producer import Producer
+from common.work.page_record import PageReader
+from tests.helpers import WorkerThread, results
+
+pytestmark = pytest.mark.integration
+
+HTML = {"Content-Type": "text/html; charset=utf-8"}
+
+ROUTER = '''
+from scrape_fleet import DropItem, Router
+
+router = Router()
+
+@router.default
+def listing(page):
+    yield page.follow(page.css("a.p::attr(href)").getall(), "product",
+                      meta={"list": page.url}, headers={"X-From-List": "yes"})
+    yield page.follow(page.css("a.off::attr(href)").getall())   # another host: out of scope
+    yield {"kind": "listing", "products": len(page.css("a.p"))}
+
+@router.handler("product")
+def product(page):
+    if page.css(".boom"):
+        yield {"kind": "partial"}
+        raise ValueError("bad product page")
+    yield {"kind": "product", "name": page.css("h1::text").get(), "from": page.meta["list"],
+           "price": page.css(".price::text").get(), "depth": page.depth}
+
+@router.item
+def priced(item, page):
+    if item["kind"] == "product" and not item["price"]:
+        raise DropItem("no price")
+    return item
+'''
+
+
+@pytest.fixture
+def router_module(tmp_path, monkeypatch) -> str:
+    name = f"handlers_{uuid.uuid4().hex}"  # a fresh module: sys.modules caches by name
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(ROUTER))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def _product(name: str, price: str | None, boom: bool = False) -> bytes:
+    price_html = f"<p class=price>{price}</p>" if price else ""
+    return (f"<html><body><h1>{name}</h1>{price_html}{'<p class=boom>' if boom else ''}"
+            "</body></html>").encode()
+
+
+def test_labels_meta_and_headers_travel_with_follow_requests_and_items_are_recorded(
+        settings, redis_client, site, router_module):
+    seen_headers: dict[str, str | None] = {}
+
+    def product(path: str, name: str, price: str | None, boom: bool = False):
+        def respond(request):
+            seen_headers[path] = request.headers.get("X-From-List")
+            return 200, HTML, _product(name, price, boom)
+        site.route(path, respond)
+
+    site.route("/list", lambda _r: (200, HTML, (
+        b'<a class=p href="/p/1">1</a><a class=p href="/p/2">2</a><a class=p href="/p/3">3</a>'
+        b'<a class=off href="http://elsewhere.invalid/x">x</a>')))
+    product("/p/1", "Kettle", "12.50")
+    product("/p/2", "Spoon", None)
+    product("/p/3", "Broken", "1.00", boom=True)
+    with Producer(settings, redis_client) as producer:
+        producer.submit([site.url("/list")])
+    worker_settings = settings.with_overrides(handlers=f"{router_module}:router",
+                                              idle_exit_s=1.0, concurrency=4)
+    with WorkerThread(worker_settings) as worker:
+        assert worker.join(30) == 0
+    records = {r["url"]: r for r in results(redis_client)}
+    assert set(records) == {site.url(p) for p in ("/list", "/p/1", "/p/2", "/p/3")}
+    listing = records[site.url("/list")]
+    assert listing["handler"] == "default" and listing["handler_followed"] == 3
+    assert listing["items"] == [{"kind": "listing", "products": 3}]
+    assert records[site.url("/p/1")]["items"] == [{
+        "kind": "product", "name": "Kettle", "from": site.url("/list"), "price": "12.50",
+        "depth": 1}]
+    spoon = records[site.url("/p/2")]
+    assert spoon["handler"] == "product" and spoon["items"] == []
+    assert spoon["dropped"] == [{"reason": "no price", "by": "priced"}]
+    broken = records[site.url("/p/3")]
+    assert broken["items"] == [{"kind": "partial"}]
+    assert broken["data_errors"] == {"handler": "ValueError: bad product page"}
+    assert seen_headers == {"/p/1": "yes", "/p/2": "yes", "/p/3": "yes"}
+
+
+def test_handlers_and_extractor_together_or_a_non_router_are_refused_at_start(
+        settings, router_module):
+    with pytest.raises(ConfigError, match="HANDLERS and EXTRACTOR are both set"):
+        PageReader(settings.with_overrides(handlers=f"{router_module}:router",
+                                           extractor=f"{router_module}:listing"))
+    with pytest.raises(ConfigError, match="is a function, not a scrape_fleet.Router"):
+        PageReader(settings.with_overrides(handlers=f"{router_module}:listing"))
+    with pytest.raises(ConfigError, match="cannot import module"):
+        PageReader(settings.with_overrides(handlers="no_such_module_here:router"))

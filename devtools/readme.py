@@ -55,8 +55,17 @@ def entry_scripts() -> list[Path]:
 
 
 def room_modules(room: str) -> list[Path]:
-    return sorted(p for p in (REPO_ROOT / "common" / room).glob("*.py")
-                  if p.name != "__init__.py")
+    """A room's modules, then each of its subpackages' (``common/work/steps/``), at any depth."""
+    return package_modules(REPO_ROOT / "common" / room)
+
+
+def package_modules(package: Path) -> list[Path]:
+    """The modules of ``package``, then those of its subpackages, each after its ``__init__``
+    (listed so that the subpackage's docstring heads its modules)."""
+    found = sorted(p for p in package.glob("*.py") if p.name != "__init__.py")
+    for sub in sorted(p.parent for p in package.glob("*/__init__.py")):
+        found += [sub / "__init__.py", *package_modules(sub)]
+    return found
 
 
 def config_table() -> str:
@@ -78,7 +87,11 @@ def layout() -> str:
         init = REPO_ROOT / "common" / room / "__init__.py"
         lines.append(f"| **`common/{room}/`** | **{docstring_summary(init)}** |")
         for module in room_modules(room):
-            lines.append(f"| `common/{room}/{module.name}` | {docstring_summary(module)} |")
+            where = module.relative_to(REPO_ROOT)
+            if module.name == "__init__.py":
+                lines.append(f"| *`{where.parent}/`* | *{docstring_summary(module)}* |")
+            else:
+                lines.append(f"| `{where}` | {docstring_summary(module)} |")
     for folder, what in SUPPORT.items():
         lines.append(f"| `{folder}` | {what} |")
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""The Docker commands README.md shows, checked as users will type them.
+"""The Docker commands the docs show (README.md and every page under docs/, deployment.md above
+all), checked as users will type them.
 
 Every ``docker compose ...`` command (in code blocks and inline code) is read the way Compose v2
 reads it: global options, the subcommand and its options, the services, and for ``run`` the
@@ -31,6 +32,8 @@ from common.core.errors import ConfigError
 from tests.helpers import REPO_ROOT, compose_config, env_example
 
 README = REPO_ROOT / "README.md"
+#: Where the Docker commands are shown: README, then every page of the docs site.
+PAGES = (README, *sorted((REPO_ROOT / "docs").rglob("*.md")))
 APP_IMAGE = "scrape-fleet:local"
 
 #: Compose v2 options: global, and per subcommand (options taking a value, flags).
@@ -60,7 +63,12 @@ SUBCOMMANDS: dict[str, tuple[set[str], set[str]]] = {
 }
 
 
-# -- reading README ----------------------------------------------------------------------------
+# -- reading the docs --------------------------------------------------------------------------
+
+def docs_text() -> str:
+    """README.md and the docs pages, one after the other."""
+    return "\n\n".join(page.read_text(encoding="utf-8") for page in PAGES)
+
 
 def readme_commands(text: str) -> list[list[str]]:
     """Every command line in ``text``'s code blocks and inline code, split like a shell."""
@@ -106,7 +114,7 @@ def _take_options(args: list[str], value_opts: set[str], flags: set[str],
             elif name in flags and not eq:
                 options.setdefault(name, []).append("")
             else:
-                raise AssertionError(f"unknown option {arg!r}: teach {__name__} or fix README")
+                raise AssertionError(f"unknown option {arg!r}: teach {__name__} or fix the docs")
         else:
             positionals.append(arg)
         i += 1
@@ -218,22 +226,22 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return yaml.safe_load(result.stdout)
 
 
-def test_readme_shows_the_compose_commands_a_user_needs():
-    subcommands = {parse(args)["subcommand"] for args in compose_commands(README.read_text())}
+def test_the_docs_show_the_compose_commands_a_user_needs():
+    subcommands = {parse(args)["subcommand"] for args in compose_commands(docs_text())}
     assert {"up", "run", "logs"} <= subcommands
 
 
-def test_every_compose_command_in_the_readme_works_as_written(config):
+def test_every_compose_command_in_the_docs_works_as_written(config):
     problems = {}
-    for args in compose_commands(README.read_text()):
+    for args in compose_commands(docs_text()):
         wrong = check(parse(args), config)
         if wrong:
             problems[shlex.join(["docker", "compose", *args])] = wrong
     assert problems == {}
 
 
-def test_the_readme_shows_no_compose_v1_command():
-    v1 = [t for t in readme_commands(README.read_text())
+def test_the_docs_show_no_compose_v1_command():
+    v1 = [t for t in readme_commands(docs_text())
           if t[0] == "docker-compose" and len(t) > 1]
     assert v1 == []
 
@@ -280,8 +288,8 @@ def stack_deploy_files(text: str) -> list[list[str]]:
     return found
 
 
-def test_the_readme_deploys_the_stack_from_docker_compose_yml_and_swarm_files_only():
-    deploys = stack_deploy_files(README.read_text())
+def test_the_docs_deploy_the_stack_from_docker_compose_yml_and_swarm_files_only():
+    deploys = stack_deploy_files(docs_text())
     assert deploys and all(files[0] == "docker-compose.yml" for files in deploys)
     extra = {file for files in deploys for file in files[1:]}
     assert extra and all(f.startswith("deploy/swarm/") for f in extra), extra
@@ -318,7 +326,7 @@ def _docker_with_stack_config() -> str:
 
 def test_docker_stack_deploy_reads_the_compose_file(tmp_path):
     docker = _docker_with_stack_config()
-    # As README: `set -a; . ./.env; set +a` before `docker stack deploy`.
+    # As docs/deployment.md: `set -a; . ./.env; set +a` before `docker stack deploy`.
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env_example()}
     result = subprocess.run([docker, "stack", "config", "-c", "docker-compose.yml"],
                             cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,

@@ -7,8 +7,8 @@ ScaledObject, TriggerAuthentication, ServiceMonitor) with the published CRD sche
 deploy/k8s/schemas, made strict the same way. Then the fleet's promises are checked in the
 rendered objects: health probes, the SIGTERM drain, sizing from the measured RSS, non-root
 read-only pods, credentials from Secrets only, quorum queues, Sentinel, KEDA on the work
-queues. What no offline check can tell (the operators' behaviour, scheduling, DNS): README,
-"Running on more than one machine".
+queues. What no offline check can tell (the operators' behaviour, scheduling, DNS):
+docs/deployment.md, "Kubernetes".
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _render(overlay: str, workdir: Path) -> list[dict[str, Any]]:
     tree = workdir / "k8s"
     shutil.copytree(K8S, tree)
     if overlay == "local":
-        # What README tells a user to generate; never committed (overlays/local/.gitignore).
+        # What docs/deployment.md has a user generate; never committed (overlays/local/.gitignore).
         (tree / "overlays" / "local" / "redis-password").write_text(secrets.token_hex(24))
     result = subprocess.run([kubectl, "kustomize", str(tree / "overlays" / overlay)],
                             capture_output=True, text=True, timeout=120,

@@ -1,5 +1,6 @@
-"""Every command in README.md's fenced shell blocks (```bash, ```sh, ```shell) runs as written,
-or, where running it would start something long-lived or change the fleet, its ``--help`` does.
+"""Every command in the fenced shell blocks (```bash, ```sh, ```shell) of README.md and of every
+page under docs/ (other sessions' pages included, as soon as they exist) runs as written, or,
+where running it would start something long-lived or change the fleet, its ``--help`` does.
 
 The rule, one kind of command at a time (:func:`classify`):
 
@@ -10,10 +11,12 @@ The rule, one kind of command at a time (:func:`classify`):
   gives them (``--x``, ``-x``) must be in that help: a renamed or removed option fails here.
   ``scrape-fleet`` is run as ``python -m common.ops.console``, the function pyproject.toml's
   console script names (checked below).
-- **Tools of the venv** (``.venv/bin/warcio check ...``): their ``--help`` likewise.
+- **Tools of the venv** (``.venv/bin/warcio check ...``, ``.venv/bin/mkdocs serve``): their
+  ``--help`` likewise.
 - **Shell utilities** (``cp``, ``echo``, ``printf``, ``set``, ``python3 -c``, a bare
   ``VAR=value``...): run as written, in order, one bash per block with ``set -e``, in a
-  temporary copy of the working tree, so a block that writes ``.env`` then reads it works.
+  temporary copy of the working tree, so a block that writes ``.env`` then reads it works
+  (blocks run in page order, README first, then docs/ by path).
 - **Skipped, with the reason**: ``docker``/``docker compose``/``docker-compose``, ``kubectl``,
   ``helm``, ``kind`` (they need a Docker engine or a Kubernetes cluster; tests/test_compose*.py
   and tests/test_deploy.py check the files they read); ``bash scripts/test.sh`` and
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tomllib
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -40,6 +44,8 @@ import pytest
 from tests.helpers import REPO_ROOT, TEST_ENV
 
 README = REPO_ROOT / "README.md"
+#: README first, then every page of the docs site.
+PAGES = (README, *sorted((REPO_ROOT / "docs").rglob("*.md")))
 SHELL_FENCES = {"bash", "sh", "shell"}
 SKIPPED = {
     ("docker",): "needs a Docker engine (tests/test_compose*.py check the compose file)",
@@ -125,17 +131,32 @@ def classify(command: Command) -> tuple[str, object]:
     return "shell", None
 
 
+def _subcommands(help_text: str) -> set[str]:
+    """The subcommands a help lists: argparse's {a,b} in its usage, or click's Commands:."""
+    usage = help_text.split("\n\n")[0]
+    choices = re.findall(r"\{([\w,-]+)\}", usage)
+    names = set(choices[0].split(",")) if choices else set()
+    click = re.search(r"^Commands:\n((?:  .*\n?)+)", help_text, re.M)
+    if click:
+        names |= set(re.findall(r"^  (\w[\w-]*)", click.group(1), re.M))
+    return names
+
+
+@cache
+def _run_help(command: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """``command --help``, once per session (the pages repeat commands)."""
+    env = dict(os.environ, **TEST_ENV, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([*command, "--help"], cwd=REPO_ROOT, env=env, text=True,
+                          capture_output=True, timeout=120, check=False)
+
+
 def _help(program: list[str], args: list[str]) -> tuple[list[str], subprocess.CompletedProcess]:
     """``program [SUBCOMMAND ...] --help``: leading words the usage lists as {choices} are
     subcommands and are kept."""
-    env = dict(os.environ, **TEST_ENV, PYTHONPATH=str(REPO_ROOT))
     command = list(program)
     for word in [*args, None]:
-        result = subprocess.run([*command, "--help"], cwd=REPO_ROOT, env=env, text=True,
-                                capture_output=True, timeout=120, check=False)
-        usage = result.stdout.split("\n\n")[0]
-        choices = re.findall(r"\{([\w,-]+)\}", usage)
-        if word is None or not choices or word not in choices[0].split(","):
+        result = _run_help(tuple(command))
+        if word is None or word not in _subcommands(result.stdout):
             return command, result
         command.append(word)
     raise AssertionError("unreachable: the loop returns at the latest on None")
@@ -155,11 +176,12 @@ def work_tree_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-BLOCKS = shell_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = [(page.relative_to(REPO_ROOT), block) for page in PAGES
+          for block in shell_blocks(page.read_text(encoding="utf-8"))]
 
 
 def test_the_readme_has_the_quick_start_commands_to_check():
-    commands = [c.text for block in BLOCKS for c in block]
+    commands = [c.text for page, block in BLOCKS if page == Path("README.md") for c in block]
     for expected in ("pip install .", "scrape-fleet up", "scrape-fleet produce -f urls.txt",
                      "scrape-fleet status --watch", "scrape-fleet export -o results.jsonl",
                      "scrape-fleet down", "bash scripts/run_local.sh", "bash scripts/test.sh"):
@@ -171,8 +193,16 @@ def test_scrape_fleet_is_the_console_script_these_checks_run():
     assert project["project"]["scripts"]["scrape-fleet"] == "common.ops.console:main"
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"line{block[0].line}" for block in BLOCKS])
-def test_each_readme_command_runs_or_its_help_does(block: list[Command], work_tree_copy: Path):
+def test_the_docs_pages_have_commands_to_check():
+    pages = {page for page, _block in BLOCKS}
+    for page in ("docs/getting-started.md", "docs/operations.md", "docs/deployment.md"):
+        assert Path(page) in pages
+
+
+@pytest.mark.parametrize(("page", "block"), BLOCKS,
+                         ids=[f"{page}:line{block[0].line}" for page, block in BLOCKS])
+def test_each_command_of_readme_and_docs_runs_or_its_help_does(
+        page: Path, block: list[Command], work_tree_copy: Path):
     failures, skipped, shell = [], [], []
     for command in block:
         kind, detail = classify(command)
@@ -181,16 +211,16 @@ def test_each_readme_command_runs_or_its_help_does(block: list[Command], work_tr
         elif kind == "help":
             program, args = detail  # type: ignore[misc]
             ran, result = _help(program, args)
-            shown = " ".join(ran[2:] if ran[1] == "-m" else ran[1:])
-            if result.returncode != 0 or "usage:" not in result.stdout:
-                failures.append(f"line {command.line}: `{shown} --help` exited "
+            shown = " ".join(ran[2:] if ran[1:2] == ["-m"] else [Path(ran[0]).name, *ran[1:]])
+            if result.returncode != 0 or "usage:" not in result.stdout.lower():
+                failures.append(f"{page}:{command.line}: `{shown} --help` exited "
                                 f"{result.returncode}: {result.stderr[-500:]}")
                 continue
             options = {w.split("=")[0] for w in args if re.match(r"^--?[A-Za-z][\w-]*", w)}
             unknown = sorted(o for o in options if not re.search(
                 rf"(?<![\w-]){re.escape(o)}(?![\w-])", result.stdout))
             if unknown:
-                failures.append(f"line {command.line}: {command.text!r}: {unknown} not in "
+                failures.append(f"{page}:{command.line}: {command.text!r}: {unknown} not in "
                                 f"`{shown} --help`")
         else:
             shell.append(command)
@@ -200,7 +230,7 @@ def test_each_readme_command_runs_or_its_help_does(block: list[Command], work_tr
                                 capture_output=True, timeout=120, check=False,
                                 env=dict(os.environ, HOME=str(work_tree_copy)))
         if result.returncode != 0:
-            failures.append(f"lines {[c.line for c in shell]} (run as written) exited "
+            failures.append(f"{page} lines {[c.line for c in shell]} (run as written) exited "
                             f"{result.returncode}: {result.stderr[-500:]}")
     assert not failures, "\n".join(failures)
     if skipped and not shell and len(skipped) == len(block):

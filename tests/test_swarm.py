@@ -1,9 +1,9 @@
 """Docker Swarm's files: docker-compose.yml alone, or with deploy/swarm/secrets.yml on top.
 
-Static checks (no swarm here in CI); README's "Docker Swarm" steps were run on a one-node
-Swarm with compose-e2e.sh's engine (NOTES). `docker stack config`, the loader of `docker stack
-deploy`, renders the pair where a Docker CLI has it (25+). Passwords read from the secrets'
-files: tests/core/test_config_files.py.
+Static checks (no swarm here in CI); the "Docker Swarm" steps of docs/deployment.md were run on
+a one-node Swarm with compose-e2e.sh's engine (NOTES). `docker stack config`, the loader of
+`docker stack deploy`, renders the pair where a Docker CLI has it (25+). Passwords read from the
+secrets' files: tests/core/test_config_files.py.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ def test_rabbitmq_and_redis_read_the_secret_at_start_and_never_start_without_a_p
         "test"])
 
 
-def test_no_password_reaches_a_service_spec_when_deployed_as_readme_says(tmp_path):
-    # README: `RABBITMQ_PASSWORD= REDIS_PASSWORD= docker stack deploy -c docker-compose.yml
-    # -c deploy/swarm/secrets.yml`: every service's environment carries them empty.
+def test_no_password_reaches_a_service_spec_when_deployed_as_the_docs_say(tmp_path):
+    # docs/deployment.md: `RABBITMQ_PASSWORD= REDIS_PASSWORD= docker stack deploy -c
+    # docker-compose.yml -c deploy/swarm/secrets.yml`: every service's environment carries them
+    # empty.
     variables = {**env_example(), "RABBITMQ_PASSWORD": "", "REDIS_PASSWORD": ""}
     result = compose_config(tmp_path, variables, files=("docker-compose.yml", SECRETS_FILE))
     assert result.returncode == 0, result.stderr

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from common.broker import topology
+from common.ops.console import COMMANDS
 from common.work.rules_file import load_rules
 from devtools import readme
 
@@ -75,6 +76,13 @@ def test_the_queue_table_names_every_queue_in_one_table():
     for queue in (*topology.WORK_QUEUES, topology.FAILED_QUEUE, topology.EXPIRED_QUEUE):
         assert f"`{queue}`" in rows
     assert "`hold.{ms}`" in rows
+
+
+def test_the_commands_page_has_a_row_for_every_scrape_fleet_command():
+    text = (REFERENCE / "commands.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `scrape-fleet (\w+)", text, re.M))
+    assert set(COMMANDS) - rows == set(), "commands docs/reference/commands.md does not list"
+    assert rows - set(COMMANDS) == set(), "docs/reference/commands.md lists no such command"
 
 
 def test_readme_gives_the_test_command_that_ci_runs():

@@ -47,4 +47,5 @@ class Trip:
 
     @classmethod
     def begin(cls, body: bytes, queue: str, redelivered: bool) -> Trip:
+        """The trip of a delivery that has just come in: nothing learnt of it yet."""
         return cls(body, queue, redelivered)

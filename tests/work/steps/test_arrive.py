@@ -1,0 +1,43 @@
+"""Arrive: a redelivery counts a death; past POISON_DELIVERIES the URL is poison."""
+
+from __future__ import annotations
+
+from common.broker.messages import WorkMessage
+from common.store.keys import poison_key
+from common.work.poison import PoisonGuard, StuckWatch
+from common.work.steps.arrive import Arrive
+from common.work.steps.trip import Trip
+from tests.work.steps.conftest import QUEUE, reason
+
+
+def _step(settings, redis_client, give_up) -> tuple[Arrive, StuckWatch]:
+    guard = PoisonGuard(redis_client, settings.poison_deliveries, settings.failures_ttl_s)
+    watch = StuckWatch(guard, 60.0)
+    return Arrive(guard, watch, give_up), watch
+
+
+def _trip(url: str, redelivered: bool) -> Trip:
+    message = WorkMessage(url=url)
+    trip = Trip.begin(message.to_json(), QUEUE, redelivered)
+    trip.message, trip.url = message, url
+    return trip
+
+
+def test_a_first_delivery_is_watched_and_costs_no_redis_call(settings, redis_client, give_up):
+    step, watch = _step(settings, redis_client, give_up)
+    trip = _trip("http://127.0.0.1:9/first", redelivered=False)
+    assert step.count_arrival(trip) is None
+    assert trip.progress is not None and not trip.progress.tracked
+    assert not redis_client.exists(poison_key(trip.url))
+    watch.discard(trip.progress)
+
+
+def test_a_url_redelivered_poison_deliveries_times_is_dead_lettered_as_poison(
+        settings, redis_client, give_up):
+    step, _watch = _step(settings, redis_client, give_up)
+    outcomes = [step.count_arrival(_trip("http://127.0.0.1:9/dies", redelivered=True))
+                for _ in range(settings.poison_deliveries)]
+    assert all(outcome is None for outcome in outcomes[:-1])
+    assert reason(outcomes[-1]) == "poison"
+    assert "deliveries ended without an outcome" in outcomes[-1].publishes[0].headers[
+        "last_error"]

@@ -1,0 +1,66 @@
+"""Fetch: one GET with the message's own headers (under the conditional ones) to the site."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from common.broker.messages import WorkMessage
+from common.web.fetch import Fetcher
+from common.web.ratelimit import RateLimiter
+from common.work.processor import Processor
+from common.work.steps.fetch import Fetch
+from tests.work.steps.conftest import QUEUE, response, trip_for
+
+
+@pytest.fixture
+def step(settings, redis_client, give_up) -> Iterator[Fetch]:
+    fetcher = Fetcher(settings)
+    yield Fetch(fetcher, RateLimiter(redis_client, settings), give_up)
+    fetcher.close()
+
+
+def _admitted(url: str, **extra):
+    trip = trip_for(url, **extra)
+    trip.admission = type("Admission", (), {"permit": None})()
+    return trip
+
+
+def test_the_messages_own_headers_reach_the_site_under_the_conditional_ones(step, site):
+    trip = _admitted(site.page_url(1), validators={"etag": '"v1"'})
+    trip.headers = {"X-Api-Key": "k-1", "If-None-Match": '"mine"'}
+    assert step.fetch_page(trip) is None
+    assert trip.response.status == 200 and trip.progress.stage == "fetch"
+    sent = site.requests_for("/page/1")[-1].headers
+    assert sent["X-Api-Key"] == "k-1"
+    assert sent["If-None-Match"] == '"v1"'  # the revisit's validator wins the name
+
+
+def test_a_cached_response_is_not_fetched_again(step, site):
+    trip = _admitted(site.page_url(2))
+    trip.response, trip.cached = response(site.page_url(2)), True
+    assert step.fetch_page(trip) is None
+    assert site.count("/page/2") == 0
+
+
+def test_a_refused_connection_is_retried_later(step):
+    outcome = step.fetch_page(_admitted("http://127.0.0.1:9/closed"))
+    assert outcome is not None and outcome.kind == "delay"
+    assert "fetch_connection" in outcome.detail
+
+
+def test_a_processed_message_with_headers_sends_them_and_one_with_crlf_is_dead_lettered(
+        settings, redis_client, site):
+    processor = Processor(settings.with_overrides(robots_enabled=False), redis_client)
+    try:
+        sent = processor.process(WorkMessage(url=site.page_url(3), extra={
+            "headers": {"Accept-Language": "fr"}}).to_json(), QUEUE)
+        hostile = processor.process(WorkMessage(url=site.page_url(4), extra={
+            "headers": {"X-A": "1\r\nX-Injected: yes"}}).to_json(), QUEUE)
+    finally:
+        processor.close()
+    assert sent.kind == "result"
+    assert site.requests_for("/page/3")[-1].headers["Accept-Language"] == "fr"
+    assert hostile.kind == "dead_letter" and site.count("/page/4") == 0
+    assert hostile.publishes[0].headers["reason"] == "bad_message"

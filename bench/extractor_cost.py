@@ -7,7 +7,10 @@ in this process on the parsed tree (the design before NOTES #36 changed), then t
 extracted there, the reply read back). Prints wall time and CPU per page (this process, and
 the child's from /proc, start-up excluded) and the child's memory at rest.
 
-Run from the repository root: ``python -m bench.extractor_cost [--pages 2000]``.
+With ``--handlers package.module:router`` (e.g. ``bench.farm_handlers:router``, the extract
+phase's handler) a last row runs HANDLERS's router through the same child.
+
+Run from the repository root: ``python -m bench.extractor_cost [--pages 2000] [--handlers V]``.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def _status_kb(pid: int, field: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=2000)
+    parser.add_argument("--handlers", default="", help="also time this HANDLERS router")
     args = parser.parse_args(argv)
 
     sites = [Site(i, f"127.0.0.{i + 2}", 8080) for i in range(3)]
@@ -88,22 +92,27 @@ def main(argv: list[str] | None = None) -> None:
             rows.append((name, time.perf_counter() - wall0,
                          _cpu_s(resource.RUSAGE_SELF) - cpu0, 0.0))
 
-        extractor = UserExtractor(value, timeout_s=10.0)
         record: dict[str, Any] = {"data": {"rule": 1}}
-        warm = extractor.bind(record, response)
-        parse_html(body, url, response.content_type, on_tree=warm.on_tree)  # start the child
-        assert "data_errors" not in record, record
-        child_pid = extractor._local.child.process.pid
-        rss_kb, vsz_kb = _status_kb(child_pid, "VmRSS"), _status_kb(child_pid, "VmSize")
-        child_cpu0 = _proc_cpu_s(child_pid)
-        cpu0, wall0 = _cpu_s(resource.RUSAGE_SELF), time.perf_counter()
-        for _ in range(args.pages):
-            call = extractor.bind({"data": {"rule": 1}}, response)
-            parse_html(body, url, response.content_type, on_tree=call.on_tree)
-        wall, cpu = time.perf_counter() - wall0, _cpu_s(resource.RUSAGE_SELF) - cpu0
-        busy_rss_kb = _status_kb(child_pid, "VmRSS")
-        rows.append(("parse + child round trip", wall, cpu, _proc_cpu_s(child_pid) - child_cpu0))
-        extractor.close()
+        for name, code, kind in (("parse + child round trip", value, "EXTRACTOR"),
+                                 ("parse + handler child", args.handlers, "HANDLERS")):
+            if not code:
+                continue
+            extractor = UserExtractor(code, timeout_s=10.0, kind=kind)
+            warm = extractor.bind(record, response)
+            parse_html(body, url, response.content_type, on_tree=warm.on_tree)  # start it
+            assert "data_errors" not in record, record
+            child_pid = extractor._local.child.process.pid
+            if kind == "EXTRACTOR":
+                rss_kb, vsz_kb = _status_kb(child_pid, "VmRSS"), _status_kb(child_pid, "VmSize")
+            child_cpu0 = _proc_cpu_s(child_pid)
+            cpu0, wall0 = _cpu_s(resource.RUSAGE_SELF), time.perf_counter()
+            for _ in range(args.pages):
+                call = extractor.bind({"data": {"rule": 1}}, response)
+                parse_html(body, url, response.content_type, on_tree=call.on_tree)
+            wall, cpu = time.perf_counter() - wall0, _cpu_s(resource.RUSAGE_SELF) - cpu0
+            busy_rss_kb = _status_kb(child_pid, "VmRSS")
+            rows.append((name, wall, cpu, _proc_cpu_s(child_pid) - child_cpu0))
+            extractor.close()
 
     print(f"page: {len(body)} bytes, {body.count(b'<a ')} links; {args.pages} pages each")
     print(f"{'':28} {'wall us/page':>13} {'parent CPU us':>14} {'child CPU us':>13}")

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"exit_codes={codes} elapsed={elapsed_s:.1f}s", flush=True)
             ok = produced.returncode == 0 and all(c == 0 for c in codes) and stats.returncode == 0
             print("to crawl your own URLs with a fleet that stays up: `pip install .`, then "
-                  "`scrape-fleet up` (README, Quick start)", flush=True)
+                  "`scrape-fleet up` (docs/getting-started.md)", flush=True)
             return 0 if ok else 1
     finally:
         for site in sites:

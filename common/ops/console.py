@@ -67,9 +67,9 @@ def overview() -> str:
         *rows[:3], "", "commands (each also a root script, e.g. python producer.py):",
         *rows[3:], "",
         "`scrape-fleet COMMAND --help` shows a command's options. Settings are environment",
-        "variables (README, Configuration). When none of RABBITMQ_URL, REDIS_URL or their",
-        "host/port parts is set, commands use the fleet `up` started: DIR/fleet.env, with DIR",
-        "$SCRAPE_FLEET_DIR or ~/.local/share/scrape-fleet.",
+        "variables (docs/reference/configuration.md). When none of RABBITMQ_URL, REDIS_URL",
+        "or their host/port parts is set, commands use the fleet `up` started: DIR/fleet.env,",
+        "with DIR $SCRAPE_FLEET_DIR or ~/.local/share/scrape-fleet.",
     ])
 
 

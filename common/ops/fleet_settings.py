@@ -49,7 +49,7 @@ def knob_for(name: str) -> Knob:
     if name not in SETTABLE:
         close = difflib.get_close_matches(name.upper(), SETTABLE, n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
-        raise ConfigError(f"{name} is not a setting{hint} (README's configuration table "
+        raise ConfigError(f"{name} is not a setting{hint} (docs/reference/configuration.md "
                           "lists them)")
     return SETTABLE[name]
 
@@ -167,7 +167,7 @@ def config_args(argv: list[str] | None, prog: str | None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("show", parents=[parent], help="the settings the next `up` runs with")
     change = commands.add_parser("set", parents=[parent],
-                                 help="set settings for the next `up` (README's table)")
+                                 help="set settings for the next `up` (docs/reference/configuration.md)")
     change.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
     remove = commands.add_parser("unset", parents=[parent], help="back to the default")
     remove.add_argument("names", nargs="+", metavar="KEY")

@@ -87,7 +87,7 @@ def _args(argv: list[str] | None, prog: str | None, down: bool) -> argparse.Name
         parser.add_argument("--any-port", action="store_true",
                             help="free loopback ports instead of 5672, 15672 and 6379")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                            help="a setting (README's configuration table), kept for the next "
+                            help="a setting (docs/reference/configuration.md), kept for the next "
                                  "runs in DIR/settings.env (repeatable; `scrape-fleet config` "
                                  "shows and changes them)")
         parser.add_argument("--allow-network", action="append", default=[], metavar="CIDR",

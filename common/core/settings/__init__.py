@@ -3,11 +3,11 @@
 A field is declared with :func:`~common.core.settings.declare.setting` (variable, parser,
 default text, meaning, secret/url flags); the group is a :class:`SettingsGroup`.
 :class:`common.core.config.Settings` inherits every group (one flat object, what entry scripts
-load), :data:`common.core.config.KNOBS` (README's table, the compose blocks, ``scrape-fleet
+load), :data:`common.core.config.KNOBS` (the configuration reference, the compose blocks, ``scrape-fleet
 config``) is read off its fields, and ``settings.group(FetchSettings)`` gives one group's
 values to a component that needs only those.
 
-To add a setting: declare the field in its group; it is in KNOBS, README's table (``python -m
+To add a setting: declare the field in its group; it is in KNOBS, the configuration reference (``python -m
 devtools.readme``), the compose blocks (``python -m devtools.compose_env``) and
 :func:`~common.core.config.load_settings` from then on. A new group also goes into Settings'
 bases (common/core/config.py).

@@ -2,7 +2,7 @@
 variable, parser, default text and meaning.
 
 :func:`setting` makes the field: its typed default is its default text parsed by its parser
-(the text is what README's table shows), and its :class:`Knob` rides in the field's metadata.
+(the text is what the configuration reference shows), and its :class:`Knob` rides in the field's metadata.
 :class:`SettingsGroup` is the base of every group (and of :class:`common.core.config.Settings`,
 which inherits them all): it lists its knobs in field order and shows itself without a secret.
 """
@@ -72,9 +72,9 @@ def setting(env: str, parse: Callable[[str], Any], default: str | None, help: st
     Args:
         env: The environment variable.
         parse: Turns its text into the typed value (:mod:`common.core.values`).
-        default: The default as text, shown in README's table; the field's default is
+        default: The default as text, shown in the configuration reference; the field's default is
             ``parse(default)``. None: unset (the field's default is None, or ``factory()``).
-        help: What it does: README's "Meaning" column.
+        help: What it does: the configuration reference's "Meaning" column.
         secret: A password: shown as ``***``.
         url: A URL that may carry a password: shown through redact_url.
         factory: Makes the default when ``default`` is None (a per-process value).
@@ -118,7 +118,7 @@ class SettingsGroup:
 
     @classmethod
     def knobs(cls) -> tuple[Knob, ...]:
-        """This group's knobs, in field order (Settings: every knob, README's order)."""
+        """This group's knobs, in field order (Settings: every knob, the reference's order)."""
         return knobs_of(cls)
 
     def __repr__(self) -> str:
@@ -153,7 +153,7 @@ class SettingsGroup:
 
 @functools.cache
 def groups_of(cls: type[SettingsGroup]) -> tuple[type[SettingsGroup], ...]:
-    """The groups ``cls`` (Settings) lists as its bases, in field order (README's order).
+    """The groups ``cls`` (Settings) lists as its bases, in field order (the reference's order).
 
     Raises:
         TypeError: a field belongs to no group or to two, a field is not declared with

@@ -2,7 +2,7 @@
 state's shape, taking URLs in, politeness, the response cache, and waiting (retries, throttle).
 
 Each field is declared once with :func:`~common.core.settings.declare.setting`: its variable,
-parser, default text (parsed: the field's default) and meaning (README's configuration table).
+parser, default text (parsed: the field's default) and meaning (the configuration reference).
 """
 
 from __future__ import annotations

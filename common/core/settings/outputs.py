@@ -2,7 +2,7 @@
 operations (metrics, heartbeats, the management API, logs).
 
 Each field is declared once with :func:`~common.core.settings.declare.setting`: its variable,
-parser, default text (parsed: the field's default) and meaning (README's configuration table).
+parser, default text (parsed: the field's default) and meaning (the configuration reference).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class RecrawlSettings(SettingsGroup):
 
     schedule_interval_s: int = setting(
         "SCHEDULE_INTERVAL_S", values.positive_int, "86400",
-        "Recrawl interval a scheduled URL starts with when neither `scheduler.py add "
-        "--interval` nor its sitemap (changefreq, lastmod) says otherwise.")
+        "Recrawl interval a scheduled URL starts with when neither `scrape-fleet schedule "
+        "add --interval` nor its sitemap (changefreq, lastmod) says otherwise.")
     schedule_min_interval_s: int = setting(
         "SCHEDULE_MIN_INTERVAL_S", values.positive_int, "3600",
         "Shortest recrawl interval: a page that changes at every visit converges to it.")

@@ -2,7 +2,7 @@
 archive, per-page bounds, and the back-pressure that slows workers down.
 
 Each field is declared once with :func:`~common.core.settings.declare.setting`: its variable,
-parser, default text (parsed: the field's default) and meaning (README's configuration table).
+parser, default text (parsed: the field's default) and meaning (the configuration reference).
 """
 
 from __future__ import annotations

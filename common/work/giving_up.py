@@ -1,14 +1,15 @@
 """The worker's ways to give up on a URL: retry later, dead-letter, poison.
 
-One :class:`GivingUp` per processor (common/work/processor.py), handed to the steps that may
-end a delivery that way (common/work/steps/). Each method returns the
-:class:`~common.work.outcome.Outcome` to publish; nothing is acked here.
+One :class:`GivingUp` per processor (common/work/processor.py). A step that ends a delivery
+without a result returns an :data:`~common.work.outcome.Ending` (park, retry, dead letter);
+:meth:`GivingUp.settle` turns it into the :class:`~common.work.outcome.Outcome` to publish,
+here and only here. Nothing is acked here.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -25,9 +26,21 @@ from common.store.marks import DoneMark, Retime
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter, retime_permit
 from common.work import metrics
-from common.work.outcome import Failure, Outcome, dead_letter, park
+from common.work.archive import with_archive
+from common.work.outcome import (
+    Ending,
+    Failure,
+    Outcome,
+    Park,
+    Retry,
+    dead_letter,
+    park,
+)
 from common.work.poison import PoisonGuard
 from common.work.record import failure_record
+
+if TYPE_CHECKING:
+    from common.work.steps.trip import Trip
 
 
 class GivingUp:
@@ -49,6 +62,27 @@ class GivingUp:
         self.retry_base_s = settings.retry_base_s
         self.retry_max_s = settings.retry_max_s
         self.retry_after_max_s = settings.retry_after_max_s
+
+    def settle(self, trip: Trip, end: Ending) -> Outcome:
+        """The outcome of a delivery a step ended with ``end``; a failure record carries the
+        response's place in the archive, if it was archived."""
+        message = trip.message
+        if isinstance(end, Park):
+            return park(end.message or message, trip.queue, end.delay_ms, end.why)
+        failure = end.failure
+        if message is None:  # Decode: the body is not a message to act on
+            return self.dead_letter_raw(trip.body, trip.url or "<unparsable>",
+                                        failure.reason, failure.error or failure.reason)
+        if isinstance(end, Retry):
+            outcome = self.failed(trip.url, message, trip.queue, failure, end.retime)
+        elif end.unless_done and self.is_done(trip.url, message):
+            if trip.progress is not None:
+                self.poison.clear(trip.progress)  # its outcome is recorded: not poison
+            return Outcome("already_done", trip.url, detail="redelivered, outcome recorded")
+        else:
+            outcome = self.dead_letter(message, trip.url, trip.queue, failure,
+                                       retime=end.retime, count=end.count)
+        return with_archive(outcome, trip.response) if trip.response is not None else outcome
 
     def failed(self, url: str, message: WorkMessage, queue: str,
                 failure: Failure, retime: Retime | None = None) -> Outcome:
@@ -74,7 +108,10 @@ class GivingUp:
                     why=f"retry {failures}/{self.max_retries} after {failure.reason}")
 
     def dead_letter(self, message: WorkMessage, url: str, queue: str, failure: Failure, *,
-                     gave_up: bool = False, retime: Retime | None = None) -> Outcome:
+                     gave_up: bool = False, retime: Retime | None = None,
+                     count: str | None = None) -> Outcome:
+        """Dead-letter ``message`` (``max_retries`` when ``gave_up``); ``count``: a
+        ``stats:counters`` field to add one to, in the same round trip."""
         reason = "max_retries" if gave_up else failure.reason
         headers = dead_letter_headers(
             reason, attempts=message.attempts if gave_up else message.attempts + 1,
@@ -85,6 +122,8 @@ class GivingUp:
         body = replace(message, url=url, extra=extra).to_json()
         pipe = self.client.pipeline(transaction=False)
         pipe.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
+        if count is not None:
+            pipe.hincrby(COUNTERS, count, 1)
         if retime is not None:
             retime_permit(pipe, retime)
         pipe.execute()

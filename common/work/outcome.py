@@ -10,6 +10,11 @@ A fetch task decides an :class:`Outcome` for each delivery; the I/O thread carri
                     once confirmed;
 * ``released``      an expired message whose fingerprint was released: ack;
 * ``already_done``  a redelivery of a URL whose outcome is recorded: ack, nothing else.
+
+A step of the worker's journey (common/work/steps/) that ends a delivery without a result
+returns an :data:`Ending` instead (:class:`Park`, :class:`Retry`, :class:`DeadLetter`): what
+should become of it, not how. One place turns it into the outcome
+(:meth:`common.work.giving_up.GivingUp.settle`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from common.broker import topology
 from common.broker.deadletter import DLQ_EXCHANGE, DLQ_ROUTING_KEY
 from common.broker.messages import WorkMessage
 from common.core.redact import LOG_VALUE_MAX_CHARS, clip
-from common.store.marks import DoneMark
+from common.store.marks import DoneMark, Retime
 
 OutcomeKind = Literal["result", "delay", "dead_letter", "released", "already_done"]
 
@@ -70,6 +75,42 @@ class Failure:
     status: int | None = None
     error: str | None = None
     retry_after: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """Wait ``delay_ms`` on the hold queues, then come back (a rate-limit turn, robots.txt
+    being fetched, a ``not_before`` not reached); ``message``: the one to park, if not the
+    delivery's own (a booked slot added)."""
+
+    delay_ms: float
+    why: str
+    message: WorkMessage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A transient failure: counted, then retried with backoff, or dead-lettered
+    ``max_retries`` past MAX_RETRIES. ``retime``: the permit of the request that failed."""
+
+    failure: Failure
+    retime: Retime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A permanent failure: published to ``failed_urls`` with its failure record.
+    ``unless_done``: a redelivery whose outcome is recorded is ``already_done`` instead (not
+    dead-lettered twice); ``count``: a ``stats:counters`` field to add one to with it."""
+
+    failure: Failure
+    retime: Retime | None = None
+    unless_done: bool = False
+    count: str | None = None
+
+
+#: How a step ends a delivery that has no result.
+Ending = Park | Retry | DeadLetter
 
 
 def park(message: WorkMessage, queue: str, delay_ms: float, why: str, *,

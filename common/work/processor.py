@@ -84,16 +84,16 @@ class Processor:
                                ) if settings.robots_enabled else None
         follower = Follow.follower_for(settings, client)
         # The journey, in the order of STEPS (tests/test_layout.py holds the two together).
-        self.decode = Decode.from_settings(settings, give_up)
-        self.arrive = Arrive(self.poison, self.watch, give_up)
-        self.wait = Wait.from_settings(settings, give_up)
-        self.robots = Robots(self.gate, give_up, client)
+        self.decode = Decode.from_settings(settings)
+        self.arrive = Arrive(self.poison, self.watch)
+        self.wait = Wait.from_settings(settings)
+        self.robots = Robots(self.gate)
         self.admit = Admit.from_settings(settings, limiter, results, give_up, client)
-        self.fetch = Fetch(self.fetcher, limiter, give_up)
+        self.fetch = Fetch(self.fetcher, limiter)
         self.archive = Archive.from_settings(settings)
         self.hand_off = HandOff.from_settings(settings, Redirects(settings, client, follower),
-                                              results, give_up)
-        self.classify = Classify(give_up)
+                                              results)
+        self.classify = Classify()
         self.read = Read.from_settings(settings)
         self.follow = Follow(follower)
         self.record = Record.from_settings(settings, results)
@@ -102,11 +102,10 @@ class Processor:
         """The outcome of one work-queue delivery; ``redelivered``: the broker's flag (a
         delivery of it ended before without an outcome)."""
         trip = Trip.begin(body, queue, redelivered)
-        outcome = self.decode.decode_message(trip) or self.arrive.count_arrival(trip)
-        if outcome is not None:
-            return outcome
-        try:
-            outcome = (self.wait.wait_out(trip)
+        end = self.decode.decode_message(trip) or self.arrive.count_arrival(trip)
+        if end is None:  # arrived: the stuck-page watch has it until its end
+            try:
+                end = (self.wait.wait_out(trip)
                        or self.robots.ask_robots(trip)
                        or self.admit.take_turn(trip)
                        or self.fetch.fetch_page(trip)
@@ -116,10 +115,10 @@ class Processor:
                        or self.read.read_page(trip)
                        or self.follow.follow_links(trip)
                        or self.record.record_page(trip))
-        finally:
-            self.watch.discard(trip.progress)
-        self.poison.clear(trip.progress)  # a tracked URL reached an outcome: not poison
-        return outcome
+            finally:
+                self.watch.discard(trip.progress)
+            self.poison.clear(trip.progress)  # a tracked URL reached its end: not poison
+        return end if isinstance(end, Outcome) else self.give_up.settle(trip, end)
 
     def process_expired(self, body: bytes, death: str | None = None) -> Outcome:
         """A message that left a work queue by its TTL: release its fingerprint and count it.

@@ -2,7 +2,7 @@
 
 The fetcher follows a redirect itself only while it stays on the URL's own origin (scheme,
 host and port: the same robots.txt and the same rate-limit domain) and the origin's robots.txt
-allows the target (:func:`follow_rule`). Any other hop — to another host, another
+allows the target (:func:`common.work.steps.fetch.follow_rule`). Any other hop — to another host, another
 scheme or port, or to a path robots.txt disallows — ends the fetch: the 3xx is the URL's
 result (``status`` 3xx, ``redirect_to``, ``redirect``: what became of the target) and the target
 goes through the producer path as a URL of its own (:meth:`Redirects.hand_off`), like a Scrapy
@@ -27,8 +27,6 @@ recorded once, with ``redirected_from``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import redis
@@ -38,7 +36,6 @@ from common.broker.messages import WorkMessage
 from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, ServiceUnavailable
 from common.intake.crawl import LinkFollower, ThreadProducers
-from common.web.robots import RobotsRules, origin_of
 
 
 class HandOffFailed(Exception):
@@ -49,16 +46,6 @@ def scope_of(message: WorkMessage) -> str | None:
     """The URL the producer accepted, for a message reached through a redirect (else None)."""
     scope = message.extra.get("scope")
     return scope if isinstance(scope, str) else None
-
-
-def _same_origin_allowed(url: str, rules: RobotsRules | None, target: str) -> bool:
-    return origin_of(target) == origin_of(url) and (rules is None or rules.allows(target))
-
-
-def follow_rule(url: str, rules: RobotsRules | None) -> Callable[[str], bool]:
-    """Which redirect hops of ``url``'s fetch the fetcher follows itself (nothing is computed
-    until a redirect comes)."""
-    return partial(_same_origin_allowed, url, rules)
 
 
 class Redirects:

@@ -13,12 +13,10 @@ URLs are retried with backoff, and their turns wait for the block to end.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 import redis
 
-from common.broker.messages import WorkMessage
 from common.core.config import Settings
 from common.core.errors import TRANSIENT, FetchError, classify_status
 from common.core.urls import domain_of
@@ -27,37 +25,30 @@ from common.web.fetch import Fetcher, FetchResult
 from common.web.ratelimit import RateLimiter, retime_permit
 from common.web.robots import RobotsRules, RobotsStore, origin_of
 from common.work import metrics
-from common.work.outcome import Failure, Outcome, park
+from common.work.outcome import DeadLetter, Failure, Park
 
 ROBOTS_BUSY_MS = 500  # another worker is fetching robots.txt: look again this much later
-
-
-@dataclass(frozen=True)
-class Refused:
-    """robots.txt could not be asked: the address guard refused the origin."""
-
-    failure: Failure
 
 
 class RobotsGate:
     def __init__(self, settings: Settings, client: redis.Redis, limiter: RateLimiter,
                  fetcher: Fetcher) -> None:
-        self.settings = settings
+        self.worker_id = settings.worker_id
         self.client = client
         self.limiter = limiter
         self.fetcher = fetcher  # reads at most MAX_ROBOTS_BYTES (robots_fetcher)
         self.store = RobotsStore(client, settings.robots_user_agent, settings.robots_ttl_s)
 
-    def rules(self, url: str, message: WorkMessage,
-              queue: str) -> RobotsRules | Outcome | Refused:
-        """The rules for ``url``'s origin; an Outcome (parked: another worker is fetching them,
-        or the rate limit said not yet) or Refused when there are none to give now."""
+    def rules(self, url: str) -> RobotsRules | Park | DeadLetter:
+        """The rules for ``url``'s origin; else Park (another worker is fetching them, or the
+        rate limit said not yet) or DeadLetter (``fetch_blocked``: the address guard refused
+        the origin, whose pages it refuses too)."""
         origin = origin_of(url)
         rules = self.store.get(origin)
         if rules is not None:
             return rules
-        if not self.store.try_lock(origin, self.settings.worker_id):
-            return park(message, queue, ROBOTS_BUSY_MS, "robots.txt being fetched")
+        if not self.store.try_lock(origin, self.worker_id):
+            return Park(ROBOTS_BUSY_MS, "robots.txt being fetched")
         try:
             rules = self.store.get(origin)  # fetched by another worker since our first look
             if rules is not None:
@@ -67,11 +58,11 @@ class RobotsGate:
             metrics.show_throttle(domain, admission.throttle)
             if not admission.go:
                 metrics.count_rate_limited(self.client)
-                return park(message, queue, admission.wait_ms, "rate limit (robots.txt)")
+                return Park(admission.wait_ms, "rate limit (robots.txt)")
             try:
                 return self.store.refresh(origin, partial(self._fetch, admission.permit))
             except FetchError as exc:  # blocked: the page is on the same origin, refused too
-                return Refused(Failure("fetch_blocked", error=f"{exc.kind}: {exc}"))
+                return DeadLetter(Failure("fetch_blocked", error=f"{exc.kind}: {exc}"))
         finally:
             self.store.unlock(origin)
 

@@ -22,7 +22,7 @@ from common.web import multi
 from common.web.ratelimit import RateLimiter
 from common.work import metrics
 from common.work.giving_up import GivingUp
-from common.work.outcome import Outcome, park, wait_left_ms, waited_too_long
+from common.work.outcome import DeadLetter, Outcome, Park, wait_left_ms, waited_too_long
 from common.work.steps.trip import Trip
 
 logger = logging.getLogger(__name__)
@@ -44,13 +44,13 @@ class Admit:
         return cls(limiter, results, give_up, client, use_cache=settings.cache_ttl_s > 0,
                    max_wait_s=settings.max_wait_s)
 
-    def take_turn(self, trip: Trip) -> Outcome | None:
-        """Set ``trip.done`` and ``trip.admission`` (and ``trip.response`` from the cache)."""
-        url, message = trip.url, trip.message
-        domain = domain_of(url)
-        rules = trip.rules
-        rate = self.limiter.rate_for(domain, rules.crawl_delay_s() if rules else None)
+    def take_turn(self, trip: Trip) -> Outcome | Park | DeadLetter | None:
+        """Set ``trip.done``, ``trip.domain`` and ``trip.admission`` (and ``trip.response``
+        from the cache)."""
+        url, message, rules = trip.url, trip.message, trip.rules
         trip.done = done = self.give_up.done_mark(url, message)
+        trip.domain = domain = domain_of(url)
+        rate = self.limiter.rate_for(domain, rules.crawl_delay_s() if rules else None)
         booked = message.extra.get("slot")
         trip.progress.enter("admit")
         with multi.yielding():  # the loop's other tasks run while Redis answers
@@ -63,8 +63,7 @@ class Admit:
             self.results.confirm_replicated(url)
             return Outcome("already_done", url, detail="redelivered, outcome already recorded")
         if admission.too_late:  # MAX_WAIT_S: its turn would come after its wait limit
-            return self.give_up.dead_letter(message, url, trip.queue,
-                                            waited_too_long(message, admission))
+            return DeadLetter(waited_too_long(message, admission))
         if admission.cached is not None:
             try:
                 trip.response = response_cache.decode(url, admission.cached)
@@ -78,7 +77,7 @@ class Admit:
             metrics.count_rate_limited(self.client)
             booked_message = replace(message, extra={**message.extra,
                                                      "slot": admission.slot_ms})
-            return park(booked_message, trip.queue, admission.wait_ms, "rate limit")
+            return Park(admission.wait_ms, "rate limit", booked_message)
         if "slot" in message.extra or "parked_at" in message.extra:  # its turn came
             trip.message = replace(message, extra={k: v for k, v in message.extra.items()
                                                    if k not in ("slot", "parked_at")})

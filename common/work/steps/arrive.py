@@ -8,27 +8,20 @@ until the processor has its outcome.
 
 from __future__ import annotations
 
-from common.work.giving_up import GivingUp
-from common.work.outcome import Failure, Outcome
+from common.work.outcome import DeadLetter, Failure
 from common.work.poison import PoisonGuard, StuckWatch
 from common.work.steps.trip import Trip
 
 
 class Arrive:
-    def __init__(self, poison: PoisonGuard, watch: StuckWatch, give_up: GivingUp) -> None:
+    def __init__(self, poison: PoisonGuard, watch: StuckWatch) -> None:
         self.poison = poison
         self.watch = watch
-        self.give_up = give_up
 
-    def count_arrival(self, trip: Trip) -> Outcome | None:
-        """Set ``trip.progress`` (and watch it); poison or already done ends the trip."""
-        progress, verdict = self.poison.arrive(trip.url, trip.redelivered)
+    def count_arrival(self, trip: Trip) -> DeadLetter | None:
+        """Set ``trip.progress`` (and watch it, unless the URL is poison)."""
+        trip.progress, verdict = self.poison.arrive(trip.url, trip.redelivered)
         if verdict is not None:
-            if self.give_up.is_done(trip.url, trip.message):
-                self.poison.clear(progress)
-                return Outcome("already_done", trip.url, detail="redelivered, outcome recorded")
-            return self.give_up.dead_letter(trip.message, trip.url, trip.queue,
-                                            Failure("poison", error=verdict.error()))
-        self.watch.add(progress)
-        trip.progress = progress
+            return DeadLetter(Failure("poison", error=verdict.error()), unless_done=True)
+        self.watch.add(trip.progress)
         return None

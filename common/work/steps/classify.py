@@ -8,17 +8,12 @@ response's archive reference in the failure record.
 from __future__ import annotations
 
 from common.core.errors import OK, PERMANENT, classify_status
-from common.work.archive import with_archive
-from common.work.giving_up import GivingUp
-from common.work.outcome import Failure, Outcome
+from common.work.outcome import DeadLetter, Failure, Retry
 from common.work.steps.trip import Trip
 
 
 class Classify:
-    def __init__(self, give_up: GivingUp) -> None:
-        self.give_up = give_up
-
-    def classify_response(self, trip: Trip) -> Outcome | None:
+    def classify_response(self, trip: Trip) -> Retry | DeadLetter | None:
         """Pass on a success (or a cached response); retry or dead-letter an error status."""
         response = trip.response
         if trip.cached or (verdict := classify_status(response.status)) == OK:
@@ -26,8 +21,5 @@ class Classify:
         failure = Failure(f"http_{response.status}", status=response.status,
                           retry_after=response.headers.get("retry-after"))
         if verdict == PERMANENT:
-            return with_archive(self.give_up.dead_letter(trip.message, trip.url, trip.queue,
-                                                         failure, retime=trip.retime),
-                                response)
-        return with_archive(self.give_up.failed(trip.url, trip.message, trip.queue, failure,
-                                                retime=trip.retime), response)
+            return DeadLetter(failure, trip.retime)
+        return Retry(failure, trip.retime)

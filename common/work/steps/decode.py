@@ -13,26 +13,24 @@ from common.core.config import Settings
 from common.core.errors import BadMessage, InvalidURL
 from common.core.headers import check_headers
 from common.core.urls import canonicalize
-from common.work.giving_up import GivingUp
-from common.work.outcome import Outcome
+from common.work.outcome import DeadLetter, Failure
 from common.work.steps.trip import Trip
 
 
 class Decode:
-    def __init__(self, give_up: GivingUp, max_url_length: int) -> None:
-        self.give_up = give_up
+    def __init__(self, max_url_length: int) -> None:
         self.max_url_length = max_url_length
 
     @classmethod
-    def from_settings(cls, settings: Settings, give_up: GivingUp) -> Decode:
-        return cls(give_up, settings.max_url_length)
+    def from_settings(cls, settings: Settings) -> Decode:
+        return cls(settings.max_url_length)
 
-    def decode_message(self, trip: Trip) -> Outcome | None:
-        """Set ``trip.message``, ``trip.url`` and ``trip.headers``; a dead letter if bad."""
-        shown = "<unparsable>"  # the URL the dead letter names
+    def decode_message(self, trip: Trip) -> DeadLetter | None:
+        """Set ``trip.message``, ``trip.url`` and ``trip.headers``; a dead letter if bad
+        (``trip.url`` is then the URL as received, if any)."""
         try:
             message = WorkMessage.from_json(trip.body)
-            shown = message.url
+            trip.url = message.url
             trip.url = canonicalize(message.url, max_length=self.max_url_length)
             asked = message.extra.get("headers")
             if asked is not None:
@@ -41,6 +39,6 @@ class Decode:
                 except ValueError as exc:
                     raise BadMessage(str(exc)) from None
         except (BadMessage, InvalidURL) as exc:
-            return self.give_up.dead_letter_raw(trip.body, shown, exc.reason, str(exc))
+            return DeadLetter(Failure(exc.reason, error=str(exc)))
         trip.message = message
         return None

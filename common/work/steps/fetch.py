@@ -9,46 +9,52 @@ permit re-timed to when the request was sent. A cached response is not fetched a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from common.core.errors import FetchError
-from common.core.urls import domain_of
 from common.store.marks import Retime
 from common.web.fetch import Fetcher
 from common.web.ratelimit import RateLimiter
+from common.web.robots import RobotsRules, origin_of
 from common.work import metrics
-from common.work.giving_up import GivingUp
-from common.work.outcome import Failure, Outcome
-from common.work.redirects import follow_rule
+from common.work.outcome import DeadLetter, Failure, Retry
 from common.work.revisit import request_headers
 from common.work.steps.trip import Trip
 
 
+def follow_rule(url: str, rules: RobotsRules | None) -> Callable[[str], bool]:
+    """Which redirect hops of ``url``'s fetch the fetcher follows itself: those that stay on
+    its origin and that robots.txt allows (nothing is computed until a redirect comes)."""
+    return partial(_same_origin_allowed, url, rules)
+
+
+def _same_origin_allowed(url: str, rules: RobotsRules | None, target: str) -> bool:
+    return origin_of(target) == origin_of(url) and (rules is None or rules.allows(target))
+
+
 class Fetch:
-    def __init__(self, fetcher: Fetcher, limiter: RateLimiter, give_up: GivingUp) -> None:
+    def __init__(self, fetcher: Fetcher, limiter: RateLimiter) -> None:
         self.fetcher = fetcher
         self.limiter = limiter
-        self.give_up = give_up
 
-    def fetch_page(self, trip: Trip) -> Outcome | None:
+    def fetch_page(self, trip: Trip) -> Retry | DeadLetter | None:
         """Set ``trip.response`` and ``trip.retime``; retry or dead-letter a failed fetch."""
         if trip.cached:
             return None
         url = trip.url
         trip.progress.enter("fetch")
+        follow = follow_rule(url, trip.rules)
+        headers = request_headers(trip.message, trip.headers)
         try:
-            response = self.fetcher.fetch(url, headers=request_headers(trip.message,
-                                                                       trip.headers),
-                                          follow=follow_rule(url, trip.rules))
+            response = self.fetcher.fetch(url, headers=headers, follow=follow)
         except FetchError as exc:
             retime = Retime(trip.admission.permit, exc.sent_at)
             failure = Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")
-            if exc.transient:
-                return self.give_up.failed(url, trip.message, trip.queue, failure,
-                                           retime=retime)
-            return self.give_up.dead_letter(trip.message, url, trip.queue, failure,
-                                            retime=retime)
+            return Retry(failure, retime) if exc.transient else DeadLetter(failure, retime)
         metrics.FETCH_SECONDS.observe(response.elapsed_ms / 1000)
         metrics.FETCH_BYTES.inc(len(response.body))
-        self.limiter.throttle.observe(domain_of(url), response)  # told at the next admit
+        self.limiter.throttle.observe(trip.domain, response)  # told at the next admit
         trip.response = response
         trip.retime = Retime(trip.admission.permit, response.sent_at)
         return None

@@ -33,15 +33,18 @@ class Follow:
         """Enqueue the page's links to follow; their counts go into its record."""
         read, message = trip.read, trip.message
         trip.progress.enter("record")
-        if self.follower is not None and read.follow is not None:
-            followed = self.follower.follow_plan(trip.response.final_url, read.follow,
-                                                 message.depth, trip.rules,
-                                                 page_token=trip.token,
+        plan = read.follow if self.follower is not None else None
+        if plan is None and not read.call:
+            return None
+        token = trip.token  # the page's claims on the links it publishes
+        if plan is not None:
+            followed = self.follower.follow_plan(trip.response.final_url, plan, message.depth,
+                                                 trip.rules, page_token=token,
                                                  scope=scope_of(message))
             if followed is not None:
                 read.record["followed"] = followed.new
         if read.call:  # the user code's follow requests (common/work/user_extractor.py)
-            read.call.enqueue(self.follower, message.depth, trip.rules, trip.token)
+            read.call.enqueue(self.follower, message.depth, trip.rules, token)
         return None
 
     def close(self) -> None:

@@ -11,29 +11,27 @@ from __future__ import annotations
 
 from common.core.config import Settings
 from common.store.results import ResultStore
-from common.work.giving_up import GivingUp
-from common.work.outcome import Failure, Outcome
+from common.work.outcome import DeadLetter, Failure, Outcome, Retry
 from common.work.record import fetch_record
 from common.work.redirects import HandOffFailed, Redirects
 from common.work.steps.trip import Trip
 
 
 class HandOff:
-    def __init__(self, redirects: Redirects, results: ResultStore, give_up: GivingUp, *,
-                 worker_id: str, max_redirects: int) -> None:
+    def __init__(self, redirects: Redirects, results: ResultStore, *, worker_id: str,
+                 max_redirects: int) -> None:
         self.redirects = redirects
         self.results = results
-        self.give_up = give_up
         self.worker_id = worker_id
         self.max_redirects = max_redirects
 
     @classmethod
-    def from_settings(cls, settings: Settings, redirects: Redirects, results: ResultStore,
-                      give_up: GivingUp) -> HandOff:
-        return cls(redirects, results, give_up, worker_id=settings.worker_id,
+    def from_settings(cls, settings: Settings, redirects: Redirects,
+                      results: ResultStore) -> HandOff:
+        return cls(redirects, results, worker_id=settings.worker_id,
                    max_redirects=settings.max_redirects)
 
-    def hand_off_unparsed(self, trip: Trip) -> Outcome | None:
+    def hand_off_unparsed(self, trip: Trip) -> Outcome | Retry | DeadLetter | None:
         """Record a 304 or a redirect not followed; pass on any other response."""
         response = trip.response
         if response.redirect_to is None and response.status != 304:
@@ -47,16 +45,15 @@ class HandOff:
             hops = message.extra.get("hops")
             hops = (hops if type(hops) is int else 0) + response.redirects + 1
             if hops > self.max_redirects:
-                return self.give_up.dead_letter(message, url, queue, Failure(
+                return DeadLetter(Failure(
                     "fetch_too_many_redirects", status=response.status,
-                    error=f"more than {self.max_redirects} redirects"), retime=trip.retime)
+                    error=f"more than {self.max_redirects} redirects"), trip.retime)
             try:
                 record.update(self.redirects.hand_off(url, message, queue, response.redirect_to,
                                                       hops, trip.token))
             except HandOffFailed as exc:
-                return self.give_up.failed(url, message, queue, Failure(
-                    "redirect_not_queued", status=response.status, error=str(exc)),
-                    trip.retime)
+                return Retry(Failure("redirect_not_queued", status=response.status,
+                                     error=str(exc)), trip.retime)
         self.results.record(record, clear_failures=message.attempts > 0, done=trip.done,
                             retime=trip.retime)
         return Outcome("result", url, detail=f"status {response.status}"

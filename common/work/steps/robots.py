@@ -8,41 +8,27 @@ fetches an origin's robots.txt, the others park their URL meanwhile). Rules that
 
 from __future__ import annotations
 
-import redis
-
-from common.store.keys import COUNTERS
-from common.work.giving_up import GivingUp
-from common.work.outcome import Failure, Outcome
-from common.work.robots_gate import Refused, RobotsGate
+from common.work.outcome import DeadLetter, Failure, Park, Retry
+from common.work.robots_gate import RobotsGate
 from common.work.steps.trip import Trip
 
 
 class Robots:
-    def __init__(self, gate: RobotsGate | None, give_up: GivingUp,
-                 client: redis.Redis) -> None:
+    def __init__(self, gate: RobotsGate | None) -> None:
         self.gate = gate  # None: ROBOTS_ENABLED is off, every URL passes
-        self.give_up = give_up
-        self.client = client
 
-    def ask_robots(self, trip: Trip) -> Outcome | None:
+    def ask_robots(self, trip: Trip) -> Park | Retry | DeadLetter | None:
         """Set ``trip.rules``; park, retry or dead-letter a URL they do not let through."""
         if self.gate is None:
             return None
         trip.progress.enter("robots")
-        found = self.gate.rules(trip.url, trip.message, trip.queue)
-        if isinstance(found, Outcome):
+        found = self.gate.rules(trip.url)
+        if isinstance(found, Park | DeadLetter):
             return found
-        if isinstance(found, Refused):
-            return self.give_up.dead_letter(trip.message, trip.url, trip.queue, found.failure)
         if found.unavailable:
-            return self.give_up.failed(trip.url, trip.message, trip.queue,
-                                       Failure("robots_unavailable", error=found.entry.detail))
+            return Retry(Failure("robots_unavailable", error=found.entry.detail))
         if not found.allows(trip.url):
-            if self.give_up.is_done(trip.url, trip.message):
-                return Outcome("already_done", trip.url,
-                               detail="redelivered, already dead-lettered")
-            self.client.hincrby(COUNTERS, "robots_blocked", 1)
-            return self.give_up.dead_letter(trip.message, trip.url, trip.queue,
-                                            Failure("robots_disallowed"))
+            return DeadLetter(Failure("robots_disallowed"), unless_done=True,
+                              count="robots_blocked")
         trip.rules = found
         return None

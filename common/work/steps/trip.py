@@ -34,6 +34,7 @@ class Trip:
     progress: Progress | None = None  # Arrive: its stage (poison.py)
     rules: RobotsRules | None = None  # Robots: the origin's robots.txt (None: not asked)
     done: DoneMark | None = None  # Admit: the URL's done mark
+    domain: str = ""  # Admit: the URL's rate-limit domain
     admission: Admission | None = None  # Admit: its rate-limit turn
     response: FetchResult | None = None  # Fetch, or Admit from the cache
     cached: bool = False  # Admit: the response came from the cache (nothing fetched)

@@ -12,23 +12,21 @@ import time
 from common.broker import topology
 from common.core.config import Settings
 from common.web import multi
-from common.work.giving_up import GivingUp
-from common.work.outcome import Outcome, not_before_too_late, park
+from common.work.outcome import DeadLetter, Park, not_before_too_late
 from common.work.steps.trip import Trip
 
 
 class Wait:
-    def __init__(self, give_up: GivingUp, max_wait_s: float, backoff_max_s: float) -> None:
-        self.give_up = give_up
+    def __init__(self, max_wait_s: float, backoff_max_s: float) -> None:
         self.max_wait_s = max_wait_s
         self.backoff_max_s = backoff_max_s  # the longest retry delay
 
     @classmethod
-    def from_settings(cls, settings: Settings, give_up: GivingUp) -> Wait:
-        return cls(give_up, settings.max_wait_s,
+    def from_settings(cls, settings: Settings) -> Wait:
+        return cls(settings.max_wait_s,
                    max(settings.retry_max_s, settings.retry_after_max_s))
 
-    def wait_out(self, trip: Trip) -> Outcome | None:
+    def wait_out(self, trip: Trip) -> Park | DeadLetter | None:
         """Park or dead-letter a message not due yet; sleep out the last few milliseconds."""
         message = trip.message
         not_before = message.extra.get("not_before")
@@ -37,9 +35,9 @@ class Wait:
         remaining_ms = (not_before - time.time()) * 1000
         if remaining_ms > 0 and (late := not_before_too_late(
                 message, remaining_ms, self.max_wait_s, self.backoff_max_s)):
-            return self.give_up.dead_letter(message, trip.url, trip.queue, late)
+            return DeadLetter(late)
         if topology.hold_level(remaining_ms) is not None:
-            return park(message, trip.queue, remaining_ms, "waiting")
+            return Park(remaining_ms, "waiting")
         if remaining_ms > 0:
             # Under HOLD_MIN_MS (50 ms) early: not worth another hop, and arriving early
             # would find the window still full. A short sleep (the loop's other tasks run).

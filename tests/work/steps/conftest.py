@@ -58,3 +58,9 @@ def reason(outcome: Outcome | None) -> str | None:
     if outcome is None or outcome.kind != "dead_letter":
         return None
     return (outcome.publishes[0].headers or {}).get("reason")
+
+
+def failure_of(end: Any) -> str | None:
+    """The failure reason of a step's ending (None: it passed on or has no failure)."""
+    failure = getattr(end, "failure", None)
+    return failure.reason if failure is not None else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from common.store.dedupe import DoneSet
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter
+from common.work.outcome import Park
 from common.work.steps.admit import Admit
 from tests.work.steps.conftest import trip_for
 
@@ -21,6 +22,7 @@ def test_a_url_whose_turn_has_come_goes_on_with_its_done_mark_and_permit(
     assert _step(settings, redis_client, give_up).take_turn(trip) is None
     assert trip.admission.go and trip.admission.permit is not None
     assert trip.done == give_up.done_mark(trip.url, trip.message)
+    assert trip.domain == "127.0.0.1"
     assert trip.message.extra == {"keep": "me"}  # its booked slot and wait are spent
     assert trip.progress.stage == "admit" and not trip.cached
 
@@ -29,9 +31,12 @@ def test_a_url_over_its_domains_rate_is_parked_keeping_its_slot(settings, redis_
                                                                  give_up):
     step = _step(settings.with_overrides(rate_limit=(1, 60_000)), redis_client, give_up)
     assert step.take_turn(trip_for("http://127.0.0.1:9/one")) is None
-    outcome = step.take_turn(trip_for("http://127.0.0.1:9/two"))
-    assert outcome is not None and outcome.kind == "delay"
-    assert b'"slot"' in outcome.publishes[0].body
+    trip = trip_for("http://127.0.0.1:9/two")
+    end = step.take_turn(trip)
+    assert isinstance(end, Park) and end.why == "rate limit" and end.delay_ms > 0
+    assert end.message.extra["slot"] > 0
+    outcome = give_up.settle(trip, end)
+    assert outcome.kind == "delay" and b'"slot"' in outcome.publishes[0].body
 
 
 def test_a_redelivered_url_whose_outcome_is_recorded_is_already_done(settings, redis_client,

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from common.broker.messages import WorkMessage
+from common.store.dedupe import DoneSet
 from common.store.keys import poison_key
 from common.work.poison import PoisonGuard, StuckWatch
 from common.work.steps.arrive import Arrive
 from common.work.steps.trip import Trip
-from tests.work.steps.conftest import QUEUE, reason
+from tests.work.steps.conftest import QUEUE, failure_of, reason
 
 
-def _step(settings, redis_client, give_up) -> tuple[Arrive, StuckWatch]:
+def _step(settings, redis_client) -> tuple[Arrive, StuckWatch]:
     guard = PoisonGuard(redis_client, settings.poison_deliveries, settings.failures_ttl_s)
     watch = StuckWatch(guard, 60.0)
-    return Arrive(guard, watch, give_up), watch
+    return Arrive(guard, watch), watch
 
 
 def _trip(url: str, redelivered: bool) -> Trip:
@@ -23,8 +24,8 @@ def _trip(url: str, redelivered: bool) -> Trip:
     return trip
 
 
-def test_a_first_delivery_is_watched_and_costs_no_redis_call(settings, redis_client, give_up):
-    step, watch = _step(settings, redis_client, give_up)
+def test_a_first_delivery_is_watched_and_costs_no_redis_call(settings, redis_client):
+    step, watch = _step(settings, redis_client)
     trip = _trip("http://127.0.0.1:9/first", redelivered=False)
     assert step.count_arrival(trip) is None
     assert trip.progress is not None and not trip.progress.tracked
@@ -34,10 +35,22 @@ def test_a_first_delivery_is_watched_and_costs_no_redis_call(settings, redis_cli
 
 def test_a_url_redelivered_poison_deliveries_times_is_dead_lettered_as_poison(
         settings, redis_client, give_up):
-    step, _watch = _step(settings, redis_client, give_up)
-    outcomes = [step.count_arrival(_trip("http://127.0.0.1:9/dies", redelivered=True))
-                for _ in range(settings.poison_deliveries)]
-    assert all(outcome is None for outcome in outcomes[:-1])
-    assert reason(outcomes[-1]) == "poison"
-    assert "deliveries ended without an outcome" in outcomes[-1].publishes[0].headers[
-        "last_error"]
+    step, _watch = _step(settings, redis_client)
+    trips = [_trip("http://127.0.0.1:9/dies", redelivered=True)
+             for _ in range(settings.poison_deliveries)]
+    ends = [step.count_arrival(trip) for trip in trips]
+    assert all(end is None for end in ends[:-1])
+    assert failure_of(ends[-1]) == "poison" and ends[-1].unless_done
+    outcome = give_up.settle(trips[-1], ends[-1])
+    assert reason(outcome) == "poison"
+    assert "deliveries ended without an outcome" in outcome.publishes[0].headers["last_error"]
+
+
+def test_a_poison_url_whose_outcome_is_recorded_is_already_done_and_forgiven(
+        settings, redis_client, give_up):
+    step, _watch = _step(settings.with_overrides(poison_deliveries=1), redis_client)
+    trip = _trip("http://127.0.0.1:9/done", redelivered=True)
+    DoneSet(redis_client, settings.seen_buckets).add(give_up.done_mark(trip.url, trip.message))
+    outcome = give_up.settle(trip, step.count_arrival(trip))
+    assert outcome.kind == "already_done"
+    assert not redis_client.exists(poison_key(trip.url))

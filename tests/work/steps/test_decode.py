@@ -6,20 +6,19 @@ import json
 
 import pytest
 
+from common.work.outcome import DeadLetter
 from common.work.steps.decode import Decode
 from common.work.steps.trip import Trip
-from tests.work.steps.conftest import QUEUE, reason
+from tests.work.steps.conftest import QUEUE, failure_of, reason
 
 
 def _trip(message: dict) -> Trip:
     return Trip.begin(json.dumps(message).encode(), QUEUE, False)
 
 
-def test_a_message_is_decoded_with_its_url_canonical_and_its_headers_checked(settings,
-                                                                              give_up):
-    step = Decode.from_settings(settings, give_up)
+def test_a_message_is_decoded_with_its_url_canonical_and_its_headers_checked(settings):
     trip = _trip({"url": "HTTP://127.0.0.1:9/a/../b", "headers": {"X-Token": "abc"}})
-    assert step.decode_message(trip) is None
+    assert Decode.from_settings(settings).decode_message(trip) is None
     assert trip.url == "http://127.0.0.1:9/b"
     assert trip.message.url == "HTTP://127.0.0.1:9/a/../b"
     assert trip.headers == {"X-Token": "abc"}
@@ -33,15 +32,20 @@ def test_a_message_is_decoded_with_its_url_canonical_and_its_headers_checked(set
 ])
 def test_a_message_whose_headers_fail_the_check_is_dead_lettered_as_bad_message(
         settings, give_up, headers, error):
-    outcome = Decode.from_settings(settings, give_up).decode_message(
-        _trip({"url": "http://127.0.0.1:9/page", "headers": headers}))
-    assert reason(outcome) == "bad_message"
+    trip = _trip({"url": "http://127.0.0.1:9/page", "headers": headers})
+    end = Decode.from_settings(settings).decode_message(trip)
+    assert isinstance(end, DeadLetter) and failure_of(end) == "bad_message"
+    outcome = give_up.settle(trip, end)  # the body as it came, to failed_urls
+    assert reason(outcome) == "bad_message" and outcome.url == "http://127.0.0.1:9/page"
     assert error in outcome.publishes[0].headers["last_error"]
-    assert outcome.url == "http://127.0.0.1:9/page"
+    assert outcome.publishes[0].body == trip.body
 
 
 def test_an_unparsable_body_and_an_unfetchable_url_are_dead_lettered(settings, give_up):
-    step = Decode.from_settings(settings, give_up)
-    garbled = step.decode_message(Trip.begin(b"{not json", QUEUE, False))
-    assert reason(garbled) == "bad_message" and garbled.url == "<unparsable>"
-    assert reason(step.decode_message(_trip({"url": "ftp://127.0.0.1/x"}))) == "invalid_url"
+    step = Decode.from_settings(settings)
+    garbled = Trip.begin(b"{not json", QUEUE, False)
+    outcome = give_up.settle(garbled, step.decode_message(garbled))
+    assert reason(outcome) == "bad_message" and outcome.url == "<unparsable>"
+    ftp = _trip({"url": "ftp://127.0.0.1/x"})
+    outcome = give_up.settle(ftp, step.decode_message(ftp))
+    assert reason(outcome) == "invalid_url" and outcome.url == "ftp://127.0.0.1/x"

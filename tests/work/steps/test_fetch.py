@@ -8,22 +8,23 @@ import pytest
 
 from common.broker.messages import WorkMessage
 from common.web.fetch import Fetcher
-from common.web.ratelimit import RateLimiter
+from common.web.ratelimit import Admission, RateLimiter
+from common.work.outcome import Retry
 from common.work.processor import Processor
 from common.work.steps.fetch import Fetch
-from tests.work.steps.conftest import QUEUE, response, trip_for
+from tests.work.steps.conftest import QUEUE, failure_of, response, trip_for
 
 
 @pytest.fixture
-def step(settings, redis_client, give_up) -> Iterator[Fetch]:
+def step(settings, redis_client) -> Iterator[Fetch]:
     fetcher = Fetcher(settings)
-    yield Fetch(fetcher, RateLimiter(redis_client, settings), give_up)
+    yield Fetch(fetcher, RateLimiter(redis_client, settings))
     fetcher.close()
 
 
 def _admitted(url: str, **extra):
     trip = trip_for(url, **extra)
-    trip.admission = type("Admission", (), {"permit": None})()
+    trip.admission, trip.domain = Admission(go=True), "127.0.0.1"
     return trip
 
 
@@ -45,9 +46,9 @@ def test_a_cached_response_is_not_fetched_again(step, site):
 
 
 def test_a_refused_connection_is_retried_later(step):
-    outcome = step.fetch_page(_admitted("http://127.0.0.1:9/closed"))
-    assert outcome is not None and outcome.kind == "delay"
-    assert "fetch_connection" in outcome.detail
+    end = step.fetch_page(_admitted("http://127.0.0.1:9/closed"))
+    assert isinstance(end, Retry) and failure_of(end) == "fetch_connection"
+    assert end.retime is not None and end.retime.sent_at is not None
 
 
 def test_a_processed_message_with_headers_sends_them_and_one_with_crlf_is_dead_lettered(

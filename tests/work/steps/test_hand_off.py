@@ -10,13 +10,13 @@ from common.store.results import ResultStore
 from common.work.redirects import Redirects
 from common.work.steps.hand_off import HandOff
 from tests.helpers import results
-from tests.work.steps.conftest import reason, response, trip_for
+from tests.work.steps.conftest import failure_of, response, trip_for
 
 
 @pytest.fixture
-def step(settings, redis_client, give_up) -> Iterator[HandOff]:
+def step(settings, redis_client) -> Iterator[HandOff]:
     made = HandOff.from_settings(settings, Redirects(settings, redis_client, None),
-                                 ResultStore(redis_client, settings.results_maxlen), give_up)
+                                 ResultStore(redis_client, settings.results_maxlen))
     yield made
     made.close()
 
@@ -53,4 +53,4 @@ def test_one_hop_past_max_redirects_is_dead_lettered(settings, step, give_up):
     trip = _fetched("http://127.0.0.1:9/loop", give_up, status=302, body=b"",
                     redirect_to="http://127.0.0.2:9/loop")
     trip.message.extra["hops"] = settings.max_redirects
-    assert reason(step.hand_off_unparsed(trip)) == "fetch_too_many_redirects"
+    assert failure_of(step.hand_off_unparsed(trip)) == "fetch_too_many_redirects"

@@ -12,7 +12,7 @@ from common.web.robots import robots_fetcher
 from common.work.robots_gate import RobotsGate
 from common.work.steps.robots import Robots
 from devtools.testsite import TestSite
-from tests.work.steps.conftest import reason, trip_for
+from tests.work.steps.conftest import failure_of, reason, trip_for
 
 
 @pytest.fixture
@@ -22,10 +22,10 @@ def guarded_site() -> Iterator[TestSite]:
 
 
 @pytest.fixture
-def step(settings, redis_client, give_up) -> Iterator[Robots]:
+def step(settings, redis_client) -> Iterator[Robots]:
     gate = RobotsGate(settings, redis_client, RateLimiter(redis_client, settings),
                       robots_fetcher(settings))
-    yield Robots(gate, give_up, redis_client)
+    yield Robots(gate)
     gate.fetcher.close()
 
 
@@ -37,14 +37,17 @@ def test_an_allowed_url_goes_on_with_its_origins_rules(step, guarded_site):
     assert guarded_site.count("/robots.txt") == 1
 
 
-def test_a_disallowed_url_is_dead_lettered_and_counted(step, guarded_site, redis_client):
-    outcome = step.ask_robots(trip_for(guarded_site.page_url(2)))
-    assert reason(outcome) == "robots_disallowed"
+def test_a_disallowed_url_is_dead_lettered_and_counted(step, guarded_site, redis_client,
+                                                       give_up):
+    trip = trip_for(guarded_site.page_url(2))
+    end = step.ask_robots(trip)
+    assert failure_of(end) == "robots_disallowed" and end.unless_done
+    assert reason(give_up.settle(trip, end)) == "robots_disallowed"
     assert redis_client.hget(COUNTERS, "robots_blocked") == b"1"
     assert guarded_site.count("/page/2") == 0
 
 
-def test_with_robots_off_every_url_passes_unasked(give_up, redis_client, guarded_site):
+def test_with_robots_off_every_url_passes_unasked(guarded_site):
     trip = trip_for(guarded_site.page_url(2))
-    assert Robots(None, give_up, redis_client).ask_robots(trip) is None
+    assert Robots(None).ask_robots(trip) is None
     assert trip.rules is None and guarded_site.count("/robots.txt") == 0

@@ -45,7 +45,8 @@ from devtools.testsite import RequestRecord, Response, TestSite
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ARTICLES", "DOCS", "PRODUCTS", "SITES", "example_site"]
+__all__ = ["ARTICLES", "DOCS", "PRODUCTS", "SITES", "article_html", "catalog_html", "doc_html",
+           "example_site", "product_html"]
 
 _HTML = {"Content-Type": "text/html; charset=utf-8"}
 _XML = {"Content-Type": "application/xml; charset=utf-8"}

@@ -21,6 +21,10 @@ Handler = Callable[[Page], Any]
 Stage = Callable[[dict[str, Any], Page], Any]
 #: The default handler's name in records (``record["handler"]``).
 DEFAULT = "default"
+#: Most text (str and bytes lengths, summed) one item may hold. Checked before encoding: a
+#: JSON encoder asks for several times a huge string's size at once, which under the child's
+#: address-space limit can kill the process rather than raise.
+MAX_ITEM_BYTES = 4 * 1024 * 1024
 
 
 class DropItem(Exception):  # noqa: N818 - the name Scrapy users know
@@ -123,6 +127,8 @@ class Router:
         try:
             for value in _values(self.handlers[name](page)):
                 self._take(value, page, result)
+        except MemoryError:
+            raise  # the fleet's child ends and says so: no half-allocated state carries on
         except Exception as exc:  # noqa: BLE001 - user code: recorded on the page
             result.error = f"{type(exc).__name__}: {exc}"
         return result
@@ -156,6 +162,10 @@ class Router:
                                 "must return the item or raise DropItem")
         if not all(isinstance(key, str) for key in item):
             raise TypeError("an item's keys must be strings")
+        size = _text_bytes(item, MAX_ITEM_BYTES)
+        if size > MAX_ITEM_BYTES:
+            raise ValueError(f"an item holds over {MAX_ITEM_BYTES} bytes of text; a record "
+                             "keeps far less (MAX_RECORD_BYTES)")
         orjson.dumps(item)  # TypeError naming the value now, not when the record is stored
         return item
 
@@ -170,6 +180,22 @@ def _values(out: Any) -> Iterable[Any]:
     if isinstance(out, list | tuple) or inspect.isgenerator(out):
         return out
     return (out,)
+
+
+def _text_bytes(value: Any, limit: int) -> int:
+    """The text lengths in ``value`` (nested dicts, lists, tuples), counted until past
+    ``limit``."""
+    total, stack = 0, [value]
+    while stack and total <= limit:
+        current = stack.pop()
+        if isinstance(current, str | bytes):
+            total += len(current)
+        elif isinstance(current, dict):
+            stack.extend(current.values())
+            total += sum(len(k) for k in current if isinstance(k, str))
+        elif isinstance(current, list | tuple):
+            stack.extend(current)
+    return total
 
 
 async def _collect(agen: Any) -> list[Any]:

@@ -160,11 +160,13 @@ def bound(record: dict[str, Any], max_bytes: int) -> dict[str, Any]:
     record["record_truncated"] = True
     if links:
         _drop_links(record, links, max_bytes)
-    if record.get("data") is not None and len(orjson.dumps(record)) > max_bytes:
-        # Extracted data is dropped whole, never cut: half a list of items reads as the page.
-        record["data"] = None
-        record.pop("data_errors", None)
-        record["data_truncated"] = True
+    for field in ("items", "data"):  # a handler's items first, then the rules' data
+        if record.get(field) is not None and len(orjson.dumps(record)) > max_bytes:
+            # Extracted values are dropped whole, never cut: half a list reads as the page.
+            record[field] = None
+            record[field + "_truncated"] = True
+            if field == "data":
+                record.pop("data_errors", None)
     _shorten_texts(record, max_bytes)
     return record
 

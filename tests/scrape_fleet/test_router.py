@@ -147,3 +147,22 @@ def test_handler_names_are_checked_when_declared():
     for bad in ("", "has space", "default", "x" * 65):
         with pytest.raises(ValueError, match="a word of at most 64 characters"):
             router.handler(bad)
+
+
+def test_an_item_with_megabytes_of_text_is_refused_before_it_is_encoded():
+    router = Router()
+    router.default(lambda page: {"blob": ["x" * (3 << 20), {"more": "y" * (2 << 20)}]})
+    assert router.run(page_from_html("<p>", "https://s.test/")).error == (
+        "ValueError: an item holds over 4194304 bytes of text; a record keeps far less "
+        "(MAX_RECORD_BYTES)")
+
+
+def test_a_memory_error_is_not_recorded_as_the_handler_s_error_but_ends_the_call():
+    router = Router()
+
+    @router.default
+    def hog(page):
+        raise MemoryError
+
+    with pytest.raises(MemoryError):
+        router.run(page_from_html("<p>", "https://s.test/"))

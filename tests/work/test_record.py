@@ -289,3 +289,12 @@ def test_a_redirected_from_with_a_lone_surrogate_is_kept_escaped():
     rec.bound(record, 65536)
     assert record["redirected_from"] == "http://b/\\ud800"
     assert "redirected_from_truncated" not in record
+
+
+def test_a_handler_s_items_over_the_record_cap_are_dropped_whole_before_the_rules_data():
+    record = {"url": "https://s.test/p", "status": 200, "data": {"title": "kept"},
+              "items": [{"n": i, "text": "x" * 500} for i in range(200)], "handler": "p"}
+    rec.bound(record, 8192)
+    assert record["items"] is None and record["items_truncated"] and record["record_truncated"]
+    assert record["data"] == {"title": "kept"} and "data_truncated" not in record
+    assert len(orjson.dumps(record)) <= 8192

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
             warm = extractor.bind(record, response)
             parse_html(body, url, response.content_type, on_tree=warm.on_tree)  # start it
             assert "data_errors" not in record, record
-            child_pid = extractor._local.child.process.pid
+            child_pid = extractor._local.all[0].process.pid
             if kind == "EXTRACTOR":
                 rss_kb, vsz_kb = _status_kb(child_pid, "VmRSS"), _status_kb(child_pid, "VmSize")
             child_cpu0 = _proc_cpu_s(child_pid)

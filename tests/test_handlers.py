@@ -108,3 +108,39 @@ def test_handlers_and_extractor_together_or_a_non_router_are_refused_at_start(
         PageReader(settings.with_overrides(handlers=f"{router_module}:listing"))
     with pytest.raises(ConfigError, match="cannot import module"):
         PageReader(settings.with_overrides(handlers="no_such_module_here:router"))
+
+
+SLOW_ROUTER = '''
+import os, time
+from scrape_fleet import Router
+
+router = Router()
+
+@router.default
+def slow(page):
+    started = time.time()
+    time.sleep(0.4)
+    return {"pid": os.getpid(), "started": started, "ended": time.time()}
+'''
+
+
+def test_pages_of_one_fetch_loop_run_their_handlers_at_once_in_several_children(
+        settings, redis_client, site, tmp_path, monkeypatch):
+    name = f"slow_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(SLOW_ROUTER))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    paths = [f"/slow/{n}" for n in range(4)]
+    for path in paths:
+        site.route(path, lambda _r: (200, HTML, b"<html><body><p>slow</p></body></html>"))
+    with Producer(settings, redis_client) as producer:
+        producer.submit([site.url(p) for p in paths])
+    worker_settings = settings.with_overrides(handlers=f"{name}:router", fetch_loops=1,
+                                              concurrency=4, handler_processes=2,
+                                              idle_exit_s=1.0)
+    with WorkerThread(worker_settings) as worker:
+        assert worker.join(30) == 0
+    items = [r["items"][0] for r in results(redis_client)]
+    assert len(items) == 4 and len({item["pid"] for item in items}) == 2
+    spans = sorted((item["started"], item["ended"]) for item in items)
+    # A page waiting for its child let the loop's other pages start theirs: calls overlap.
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))

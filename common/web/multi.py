@@ -294,6 +294,18 @@ def wait_readable(sock: socket.socket) -> None:
                             task)
 
 
+def wait_fd(fd: int, timeout_s: float) -> bool:
+    """In a loop's task, wait until ``fd`` is readable or ``timeout_s`` passed, letting the
+    loop's other tasks run, and return True; elsewhere return False at once (the caller waits
+    its own way). For a pipe only this task reads (a user-code child's)."""
+    task = greenlet.getcurrent()
+    loop = _loop_of(task)
+    if loop is None:
+        return False
+    loop._wait_readable(fd, max(timeout_s, 0.0), task)  # noqa: SLF001
+    return True
+
+
 def sleep(seconds: float, until: threading.Event | None = None) -> None:
     """Wait ``seconds`` (less once ``until`` is set); a loop's task lets the others run."""
     if seconds <= 0:

@@ -57,6 +57,7 @@ import orjson
 from lxml import etree
 
 from common.core.errors import ConfigError
+from common.web import multi
 from common.work.user_child import ERROR_MAX_CHARS, REPLY_MAX_BYTES, ChildProcess
 from common.work.user_code import PageInput, load_function, load_user_code
 
@@ -92,16 +93,20 @@ class Reply:
 
 
 class UserExtractor:
-    """The EXTRACTOR of one process: the value, its limits and one child per calling thread."""
+    """The user code of one process: the value, its limits and, per calling thread, up to
+    ``processes`` children. In a fetch loop a page waiting for its child lets the loop's
+    other pages go on (:func:`common.web.multi.wait_fd`), so up to ``processes`` pages of one
+    loop run user code at once; a page finding every child busy waits its turn, yielding."""
 
     def __init__(self, value: str, timeout_s: float,
                  max_memory_bytes: int = MAX_MEMORY_BYTES_DEFAULT,
-                 kind: str = "EXTRACTOR") -> None:
+                 kind: str = "EXTRACTOR", processes: int = 1) -> None:
         self.value = value
         self.kind = kind  # "EXTRACTOR" or "HANDLERS" (common.work.user_code.KINDS)
         self.routed = kind == "HANDLERS"
         self.timeout_s = timeout_s
         self.max_memory_bytes = max_memory_bytes
+        self.processes = processes
         load_user_code(kind, value)  # ConfigError at start, in the worker
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -125,7 +130,8 @@ class UserExtractor:
             return None
         return cls(handlers or extractor, settings.extractor_timeout_s,
                    settings.extractor_max_memory_bytes,
-                   kind="HANDLERS" if handlers else "EXTRACTOR")
+                   kind="HANDLERS" if handlers else "EXTRACTOR",
+                   processes=settings.handler_processes)
     def bind(self, record: dict[str, Any], response: FetchResult,
              message: WorkMessage | None = None, rule_handler: str | None = None) -> Call:
         """A call on one page; ``message``: the delivery (its label, meta, depth);
@@ -152,16 +158,25 @@ class UserExtractor:
                            "content_type": response.content_type, "data": rules_data,
                            **(routing or {})},
                           separators=(",", ":")).encode()  # json: lone surrogates survive
-        child = self._child()
-        problem = child.wait_ready(START_TIMEOUT_S)
+        child = self._take()
+        try:
+            return self._exchange(child, head, response.body)
+        finally:
+            self._give_back(child)
+
+    def _exchange(self, child: ChildProcess, head: bytes, body: bytes) -> Reply:
+        if not child.ready and not _readable(child.conn, START_TIMEOUT_S):
+            return self._failed(child, "crash", "crashed: the extractor process did not "
+                                f"start within {START_TIMEOUT_S:g} s")
+        problem = child.wait_ready(0)
         if problem is not None:
             return self._failed(child, "crash", f"crashed: {problem}")
         started = time.monotonic()
         try:
             child.conn.send_bytes(head)
-            child.conn.send_bytes(response.body)
+            child.conn.send_bytes(body)
             left_s = self.timeout_s - (time.monotonic() - started)
-            if left_s <= 0 or not child.conn.poll(left_s):  # poll waits without the GIL
+            if left_s <= 0 or not _readable(child.conn, left_s):
                 return self._failed(child, "timeout", (
                     f"timeout: over EXTRACTOR_TIMEOUT_S ({self.timeout_s:g} s); stopped"))
             raw = child.conn.recv_bytes(REPLY_MAX_BYTES)
@@ -183,32 +198,64 @@ class UserExtractor:
         for child in children:
             child.stop()
 
-    def _child(self) -> ChildProcess:
-        child: ChildProcess | None = getattr(self._local, "child", None)
-        if child is None or not child.usable():
-            if child is not None:
+    def _pool(self) -> tuple[list[ChildProcess], list[ChildProcess]]:
+        """This thread's (idle, all) children."""
+        local = self._local
+        if not hasattr(local, "idle"):
+            local.idle, local.all = [], []
+        return local.idle, local.all
+
+    def _take(self) -> ChildProcess:
+        """An idle child of this thread, a new one while under ``processes``, else the first
+        to come back (the loop's other pages go on meanwhile)."""
+        idle, every = self._pool()
+        while True:
+            every[:] = [child for child in every if not child.stopped]  # close() stopped them
+            while idle:
+                child = idle.pop()
+                if child.usable():
+                    return child
                 self._forget(child)
-            child = ChildProcess.start(self.kind, self.value, self.max_memory_bytes)
-            self._local.child = child
-            with self._lock:
-                self._children.add(child)
+            if len(every) < self.processes:
+                return self._start()
+            multi.sleep(0.001)  # a loop's task yields; a plain thread never gets here
+
+    def _start(self) -> ChildProcess:
+        child = ChildProcess.start(self.kind, self.value, self.max_memory_bytes)
+        self._pool()[1].append(child)
+        with self._lock:
+            self._children.add(child)
         return child
+
+    def _give_back(self, child: ChildProcess) -> None:
+        if not child.stopped:
+            self._pool()[0].append(child)
 
     def _forget(self, child: ChildProcess) -> None:
         child.stop()
+        every = self._pool()[1]
+        if child in every:
+            every.remove(child)
         with self._lock:
             self._children.discard(child)
-        self._local.child = None
 
     def _failed(self, child: ChildProcess, kind: str, text: str) -> Reply:
-        """Kill ``child``, count ``kind``, and start the next child now: it imports while the
+        """Kill ``child``, count ``kind``, and start its successor now: it imports while the
         loop goes on, instead of on the next page's clock."""
         self._forget(child)
         with self._lock:
             self._counts[kind] += 1
         logger.warning("%s %s: %s", self.kind, self.value, text)
-        self._child()
+        self._give_back(self._start())
         return Reply(error=text, failure=kind)
+
+
+def _readable(conn: Any, timeout_s: float) -> bool:
+    """Whether ``conn`` has something to read within ``timeout_s``: in a fetch loop's task
+    the loop's other tasks run meanwhile; elsewhere a poll that waits without the GIL."""
+    if multi.wait_fd(conn.fileno(), timeout_s):
+        return conn.poll(0)
+    return conn.poll(timeout_s)
 
 
 class Call:

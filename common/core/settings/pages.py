@@ -67,6 +67,11 @@ class ExtractSettings(SettingsGroup):
         "EXTRACTOR_MAX_MEMORY_BYTES", values.positive_int, "536870912",
         "Address space of EXTRACTOR's child process (RLIMIT_AS); past it the "
         "call fails (`crashed:`) and a fresh child takes the next page.")
+    handler_processes: int = setting(
+        "HANDLER_PROCESSES", values.positive_int, "2",
+        "User-code child processes (HANDLERS or EXTRACTOR) per fetch loop: a page waiting for "
+        "its handler lets the loop's other pages go on, and up to this many of its pages run "
+        "user code at once (~46 MiB each at rest).")
     rules_regex_timeout_s: float = setting(
         "RULES_REGEX_TIMEOUT_S", values.positive_float, "1",
         "Time a page's extraction-rule regexes (`path`/`url`, fields' `regex`, follow "

@@ -17,8 +17,11 @@ may be acked. The journey is :data:`common.work.steps.STEPS`, one module each:
 11. **Follow**  the page's links and follow requests published (crawl mode, user code);
 12. **Record**  the record, cache entry and counters stored, one Redis call.
 
-Each step returns the outcome (the trip ends there) or None (the next goes on); what it learns
-travels on the delivery's :class:`~common.work.steps.trip.Trip`, never between steps. Each
+Each step returns None (the next goes on) or how the trip ends: an outcome, or an
+:data:`~common.work.outcome.Ending` (park, retry, dead letter) that
+:meth:`~common.work.giving_up.GivingUp.settle` turns into one, the only place that gives up.
+What a step learns travels on the delivery's :class:`~common.work.steps.trip.Trip`, never
+from step to step. Each
 stage is entered on the delivery's :class:`~common.work.poison.Progress`, so a worker that dies
 on a page leaves the stage behind, and a page stuck in parse ends the worker. Hot path: two
 Redis round trips (Admit's script, Record's script), the loop's other tasks running during

@@ -5,8 +5,9 @@
 
 :data:`STEPS` is that journey: the processor (common/work/processor.py) builds each step from
 the settings it needs and runs them in this order on one :class:`~common.work.steps.trip.Trip`
-per delivery. A step returns the delivery's :class:`~common.work.outcome.Outcome` (which ends
-the trip) or None (the next step goes on). No step imports another: what one learns travels on
+per delivery. A step returns None (the next step goes on) or how the trip ends: an
+:class:`~common.work.outcome.Outcome`, or an :data:`~common.work.outcome.Ending` for the
+processor to settle. No step imports another: what one learns travels on
 the trip. May import: what common/work may (common.core, common.broker, common.store,
 common.web, common.intake) and the rest of common.work.
 """

@@ -8,7 +8,8 @@ extracted there, the reply read back). Prints wall time and CPU per page (this p
 the child's from /proc, start-up excluded) and the child's memory at rest.
 
 With ``--handlers package.module:router`` (e.g. ``bench.farm_handlers:router``, the extract
-phase's handler) a last row runs HANDLERS's router through the same child.
+phase's handler) two last rows run HANDLERS's router through the same child, and inline
+(HANDLER_ISOLATION=inline: its "child CPU" column is this process's, so read the parent's).
 
 Run from the repository root: ``python -m bench.extractor_cost [--pages 2000] [--handlers V]``.
 """
@@ -93,15 +94,18 @@ def main(argv: list[str] | None = None) -> None:
                          _cpu_s(resource.RUSAGE_SELF) - cpu0, 0.0))
 
         record: dict[str, Any] = {"data": {"rule": 1}}
-        for name, code, kind in (("parse + child round trip", value, "EXTRACTOR"),
-                                 ("parse + handler child", args.handlers, "HANDLERS")):
+        for name, code, kind, isolation in (
+                ("parse + child round trip", value, "EXTRACTOR", "process"),
+                ("parse + handler child", args.handlers, "HANDLERS", "process"),
+                ("parse + handler inline", args.handlers, "HANDLERS", "inline")):
             if not code:
                 continue
-            extractor = UserExtractor(code, timeout_s=10.0, kind=kind)
+            extractor = UserExtractor(code, timeout_s=10.0, kind=kind, isolation=isolation)
             warm = extractor.bind(record, response)
             parse_html(body, url, response.content_type, on_tree=warm.on_tree)  # start it
             assert "data_errors" not in record, record
-            child_pid = extractor._local.all[0].process.pid
+            child_pid = (extractor._local.all[0].process.pid if isolation == "process"
+                         else os.getpid())
             if kind == "EXTRACTOR":
                 rss_kb, vsz_kb = _status_kb(child_pid, "VmRSS"), _status_kb(child_pid, "VmSize")
             child_cpu0 = _proc_cpu_s(child_pid)

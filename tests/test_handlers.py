@@ -144,3 +144,50 @@ def test_pages_of_one_fetch_loop_run_their_handlers_at_once_in_several_children(
     spans = sorted((item["started"], item["ended"]) for item in items)
     # A page waiting for its child let the loop's other pages start theirs: calls overlap.
     assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+
+
+INLINE_ROUTER = '''
+import threading
+from scrape_fleet import Router
+
+router = Router()
+
+@router.default
+def page(page):
+    if page.url.endswith("/loops"):
+        while True:
+            pass
+    if page.url.endswith("/swallows"):
+        try:
+            while True:
+                pass
+        except Exception:  # a handler's own catch-all does not keep it running
+            return {"swallowed": True}
+    return {"h1": page.css("h1::text").get(), "thread": threading.current_thread().name}
+'''
+
+
+def test_inline_handlers_run_in_the_worker_and_a_python_loop_is_stopped_on_time(
+        settings, redis_client, site, tmp_path, monkeypatch):
+    name = f"inline_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(INLINE_ROUTER))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    paths = ["/in/loops", "/in/swallows", *(f"/in/ok{n}" for n in range(6))]
+    for path in paths:
+        site.route(path, lambda _r: (200, HTML, b"<html><body><h1>Kettle</h1></body></html>"))
+    with Producer(settings, redis_client) as producer:
+        producer.submit([site.url(p) for p in paths])
+    worker_settings = settings.with_overrides(handlers=f"{name}:router",
+                                              handler_isolation="inline",
+                                              extractor_timeout_s=0.5, idle_exit_s=1.0)
+    with WorkerThread(worker_settings) as worker:
+        assert worker.join(30) == 0
+    records = {r["url"]: r for r in results(redis_client)}
+    assert set(records) == {site.url(p) for p in paths}
+    for path in ("/in/loops", "/in/swallows"):
+        assert records[site.url(path)]["data_errors"] == {
+            "handler": "timeout: over EXTRACTOR_TIMEOUT_S (0.5 s); stopped"}
+    for n in range(6):
+        record = records[site.url(f"/in/ok{n}")]
+        assert record["items"][0]["h1"] == "Kettle" and "data_errors" not in record
+        assert record["items"][0]["thread"].startswith("fetch")  # the worker's own thread

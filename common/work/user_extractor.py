@@ -60,6 +60,7 @@ from common.core.errors import ConfigError
 from common.web import multi
 from common.work.user_child import ERROR_MAX_CHARS, REPLY_MAX_BYTES, ChildProcess
 from common.work.user_code import PageInput, load_function, load_user_code
+from common.work.user_inline import InlineCode
 
 if TYPE_CHECKING:
     from common.broker.messages import WorkMessage
@@ -100,14 +101,18 @@ class UserExtractor:
 
     def __init__(self, value: str, timeout_s: float,
                  max_memory_bytes: int = MAX_MEMORY_BYTES_DEFAULT,
-                 kind: str = "EXTRACTOR", processes: int = 1) -> None:
+                 kind: str = "EXTRACTOR", processes: int = 1,
+                 isolation: str = "process") -> None:
         self.value = value
         self.kind = kind  # "EXTRACTOR" or "HANDLERS" (common.work.user_code.KINDS)
         self.routed = kind == "HANDLERS"
         self.timeout_s = timeout_s
         self.max_memory_bytes = max_memory_bytes
         self.processes = processes
-        load_user_code(kind, value)  # ConfigError at start, in the worker
+        #: HANDLER_ISOLATION=inline: the code runs here, on the worker's tree (user_inline.py)
+        self.inline = InlineCode(kind, value, timeout_s) if isolation == "inline" else None
+        if self.inline is None:
+            load_user_code(kind, value)  # ConfigError at start, in the worker
         self._local = threading.local()
         self._lock = threading.Lock()
         self._children: set[ChildProcess] = set()
@@ -131,7 +136,8 @@ class UserExtractor:
         return cls(handlers or extractor, settings.extractor_timeout_s,
                    settings.extractor_max_memory_bytes,
                    kind="HANDLERS" if handlers else "EXTRACTOR",
-                   processes=settings.handler_processes)
+                   processes=settings.handler_processes,
+                   isolation=settings.handler_isolation)
     def bind(self, record: dict[str, Any], response: FetchResult,
              message: WorkMessage | None = None, rule_handler: str | None = None) -> Call:
         """A call on one page; ``message``: the delivery (its label, meta, depth);
@@ -150,19 +156,38 @@ class UserExtractor:
             return dict(self._counts)
 
     def run(self, response: FetchResult, rules_data: dict[str, Any] | None,
-            routing: dict[str, Any] | None = None) -> Reply:
-        """One page through this thread's child, within EXTRACTOR_TIMEOUT_S; ``routing``:
-        the label, meta, depth and rule handler a router is told."""
-        head = json.dumps({"url": response.final_url, "status": response.status,
-                           "headers": dict(response.headers),
-                           "content_type": response.content_type, "data": rules_data,
-                           **(routing or {})},
-                          separators=(",", ":")).encode()  # json: lone surrogates survive
+            routing: dict[str, Any] | None = None,
+            root: etree._Element | None = None) -> Reply:
+        """One page through this thread's child (or inline, on ``root``, the worker's tree),
+        within EXTRACTOR_TIMEOUT_S; ``routing``: the label, meta, depth and rule handler a
+        router is told."""
+        fields = {"url": response.final_url, "status": response.status,
+                  "headers": dict(response.headers), "content_type": response.content_type,
+                  "data": rules_data, **(routing or {})}
+        if self.inline is not None and root is not None:
+            return self._run_inline(fields, response.body, root)
+        head = json.dumps(fields, separators=(",", ":")).encode()  # lone surrogates survive
         child = self._take()
         try:
             return self._exchange(child, head, response.body)
         finally:
             self._give_back(child)
+
+    def _run_inline(self, fields: dict[str, Any], body: bytes, root: etree._Element) -> Reply:
+        assert self.inline is not None
+        try:
+            answer = self.inline.run(fields, body, root, fields["url"])
+        except MemoryError:
+            answer = {"crashed": "MemoryError (HANDLER_ISOLATION=inline: no limit of its own)"}
+        if answer is None or "crashed" in answer:
+            kind = "timeout" if answer is None else "crash"
+            text = (f"timeout: over EXTRACTOR_TIMEOUT_S ({self.timeout_s:g} s); stopped"
+                    if answer is None else f"crashed: {answer['crashed']}")
+            with self._lock:
+                self._counts[kind] += 1
+            logger.warning("%s %s: %s", self.kind, self.value, text)
+            return Reply(error=text, failure=kind)
+        return _reply(answer)
 
     def _exchange(self, child: ChildProcess, head: bytes, body: bytes) -> Reply:
         if not child.ready and not _readable(child.conn, START_TIMEOUT_S):
@@ -187,9 +212,7 @@ class UserExtractor:
         answer = orjson.loads(raw)
         if "crashed" in answer:  # MemoryError: the child exits after saying so
             return self._failed(child, "crash", f"crashed: {answer['crashed']}")
-        return Reply(data=answer.get("data") or {}, follow=answer.get("follow") or [],
-                     items=answer.get("items") or [], dropped=answer.get("dropped") or [],
-                     handler=answer.get("handler"), error=answer.get("error"))
+        return _reply(answer)
 
     def close(self) -> None:
         """Stop every child (the worker's shutdown; a later call starts new ones)."""
@@ -250,6 +273,12 @@ class UserExtractor:
         return Reply(error=text, failure=kind)
 
 
+def _reply(answer: dict[str, Any]) -> Reply:
+    return Reply(data=answer.get("data") or {}, follow=answer.get("follow") or [],
+                 items=answer.get("items") or [], dropped=answer.get("dropped") or [],
+                 handler=answer.get("handler"), error=answer.get("error"))
+
+
 def _readable(conn: Any, timeout_s: float) -> bool:
     """Whether ``conn`` has something to read within ``timeout_s``: in a fetch loop's task
     the loop's other tasks run meanwhile; elsewhere a poll that waits without the GIL."""
@@ -275,9 +304,9 @@ class Call:
     def on_tree(self, root: etree._Element, base_url: str) -> None:
         """parse_html's ``on_tree`` (after the rules' hook, so the rules' data is filled).
 
-        The tree is not used here: the child parses the body itself (same code, same tree).
+        The tree is used inline only: a child parses the body itself (same code, same tree).
         """
-        reply = self.owner.run(self.response, self.record.get("data"), self.routing)
+        reply = self.owner.run(self.response, self.record.get("data"), self.routing, root)
         if reply.failure is not None:
             self.counters[_COUNTER_NAMES[reply.failure]] = 1
         if self.owner.routed:

@@ -72,6 +72,12 @@ class ExtractSettings(SettingsGroup):
         "User-code child processes (HANDLERS or EXTRACTOR) per fetch loop: a page waiting for "
         "its handler lets the loop's other pages go on, and up to this many of its pages run "
         "user code at once (~46 MiB each at rest).")
+    handler_isolation: str = setting(
+        "HANDLER_ISOLATION", values.choice("process", "inline"), "process",
+        "process: user code runs in child processes (time and memory limits, a hang or crash "
+        "costs one page). inline: on the worker's own tree in its thread, ~2x cheaper per "
+        "page; only Python-level time limits, a hang in C code restarts the worker (docs: "
+        "handlers, Isolation).")
     rules_regex_timeout_s: float = setting(
         "RULES_REGEX_TIMEOUT_S", values.positive_float, "1",
         "Time a page's extraction-rule regexes (`path`/`url`, fields' `regex`, follow "

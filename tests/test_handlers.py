@@ -191,3 +191,19 @@ def test_inline_handlers_run_in_the_worker_and_a_python_loop_is_stopped_on_time(
         record = records[site.url(f"/in/ok{n}")]
         assert record["items"][0]["h1"] == "Kettle" and "data_errors" not in record
         assert record["items"][0]["thread"].startswith("fetch")  # the worker's own thread
+
+
+def test_in_crawl_mode_a_link_a_handler_follows_keeps_its_label_and_meta(
+        settings, redis_client, site, router_module):
+    site.route("/list", lambda _r: (200, HTML, b'<a class=p href="/p/1">1</a>'))
+    site.route("/p/1", lambda _r: (200, HTML, _product("Kettle", "12.50")))
+    with Producer(settings, redis_client) as producer:
+        producer.submit([site.url("/list")])
+    worker_settings = settings.with_overrides(handlers=f"{router_module}:router",
+                                              crawl_enabled=True, idle_exit_s=1.0)
+    with WorkerThread(worker_settings) as worker:
+        assert worker.join(30) == 0
+    records = {r["url"]: r for r in results(redis_client)}
+    assert records[site.url("/p/1")]["handler"] == "product"
+    assert records[site.url("/p/1")]["items"][0]["from"] == site.url("/list")
+    assert records[site.url("/list")]["handler_followed"] == 1

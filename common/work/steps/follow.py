@@ -37,14 +37,15 @@ class Follow:
         if plan is None and not read.call:
             return None
         token = trip.token  # the page's claims on the links it publishes
+        if read.call:  # the user code's follow requests (common/work/user_extractor.py), first:
+            # in crawl mode the same links are in the plan too, without their handler and meta
+            read.call.enqueue(self.follower, message.depth, trip.rules, token)
         if plan is not None:
             followed = self.follower.follow_plan(trip.response.final_url, plan, message.depth,
                                                  trip.rules, page_token=token,
                                                  scope=scope_of(message))
             if followed is not None:
                 read.record["followed"] = followed.new
-        if read.call:  # the user code's follow requests (common/work/user_extractor.py)
-            read.call.enqueue(self.follower, message.depth, trip.rules, token)
         return None
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """Hostile handlers through the real fleet: two ``worker.py`` processes run a router (written
 into tmp_path) whose handlers raise after yielding an item, loop forever, return garbage (a
 set, an item that is not JSON, a 50 MiB string, an item holding one, follow requests to
-``javascript:`` and to another host) or allocate past EXTRACTOR_MAX_MEMORY_BYTES, beside
+``javascript:`` and to another host) or allocate past HANDLER_MAX_MEMORY_BYTES, beside
 ordinary pages. Every URL gets exactly one result, each hostile page says what went wrong
 under ``data_errors.handler``, the ordinary pages' items are exact, and the crawl ends. Then
 one worker is killed (SIGKILL) while a handler runs, and no page is lost."""
@@ -92,7 +92,7 @@ def bad_follows(page):
 
 @router.handler("hog", url=r"/hostile/hog$")
 def hog(page):
-    hoard = bytearray(2 * int(os.environ["EXTRACTOR_MAX_MEMORY_BYTES"]))
+    hoard = bytearray(2 * int(os.environ["HANDLER_MAX_MEMORY_BYTES"]))
     return {"size": len(hoard)}
 
 
@@ -111,14 +111,14 @@ def waits(page):
 HOSTILE = {
     "/hostile/raises": ("raises", [{"before": "the error"}],
                         "ValueError: no price on /hostile/raises"),
-    "/hostile/loops": (None, [], "timeout: over EXTRACTOR_TIMEOUT_S (2 s); stopped"),
+    "/hostile/loops": (None, [], "timeout: over HANDLER_TIMEOUT_S (2 s); stopped"),
     "/hostile/set": ("a_set", [], "TypeError: handler gave a set: expected an item"),
     "/hostile/not-json": ("not_json", [], "TypeError: Type is not JSON serializable: object"),
     "/hostile/huge-string": ("huge_string", [], "TypeError: handler gave a str: expected"),
     # Refused before encoding: orjson reserves ~10x a string's size to encode it and
     # segfaults when RLIMIT_AS refuses, which would read as a crash, not as the item's fault.
     "/hostile/huge-item": ("huge_item", [], "ValueError: an item holds over 4194304 bytes"),
-    "/hostile/hog": (None, [], (f"crashed: MemoryError over EXTRACTOR_MAX_MEMORY_BYTES "
+    "/hostile/hog": (None, [], (f"crashed: MemoryError over HANDLER_MAX_MEMORY_BYTES "
                                 f"({MAX_MEMORY_BYTES})")),
 }
 
@@ -130,8 +130,8 @@ def _handlers_env(directory: Path) -> dict[str, str]:
     marks = directory / "marks"
     marks.mkdir()
     return {"PYTHONPATH": os.pathsep.join([str(directory), os.environ.get("PYTHONPATH", "")]),
-            "HOSTILE_MARKS": str(marks), "EXTRACTOR_TIMEOUT_S": "2",
-            "EXTRACTOR_MAX_MEMORY_BYTES": str(MAX_MEMORY_BYTES)}
+            "HOSTILE_MARKS": str(marks), "HANDLER_TIMEOUT_S": "2",
+            "HANDLER_MAX_MEMORY_BYTES": str(MAX_MEMORY_BYTES)}
 
 
 @pytest.fixture
@@ -205,7 +205,7 @@ def test_a_handler_that_loops_is_stopped_at_the_time_limit(crawl):
     record = crawl.at("/hostile/loops")
     assert (record["handler"], record["items"]) == (None, [])  # a killed child says nothing
     assert record["data_errors"] == {
-        "handler": "timeout: over EXTRACTOR_TIMEOUT_S (2 s); stopped"}
+        "handler": "timeout: over HANDLER_TIMEOUT_S (2 s); stopped"}
     assert crawl.counters.get("extractor_timeouts") == 1, crawl.counters
 
 
@@ -229,7 +229,7 @@ def test_follow_requests_to_javascript_or_another_host_are_dropped_unfetched(cra
 def test_a_handler_past_the_memory_limit_crashes_its_child_not_the_worker(crawl):
     record = crawl.at("/hostile/hog")
     assert record["data_errors"] == {"handler": (
-        f"crashed: MemoryError over EXTRACTOR_MAX_MEMORY_BYTES ({MAX_MEMORY_BYTES})")}
+        f"crashed: MemoryError over HANDLER_MAX_MEMORY_BYTES ({MAX_MEMORY_BYTES})")}
     assert (record["handler"], record["items"]) == (None, [])
     assert crawl.counters.get("extractor_crashes") == 1, crawl.counters  # this page alone
 
@@ -237,7 +237,7 @@ def test_a_handler_past_the_memory_limit_crashes_its_child_not_the_worker(crawl)
 def test_a_worker_killed_while_a_handler_runs_loses_no_page(settings, redis_client,
                                                             handlers_env):
     marks = Path(handlers_env["HOSTILE_MARKS"])
-    env = {**handlers_env, "EXTRACTOR_TIMEOUT_S": "30"}
+    env = {**handlers_env, "HANDLER_TIMEOUT_S": "30"}
     with _site() as site, two_workers(settings, "hostile_handlers:router", env) as procs:
         waits = canonicalize(site.url("/hostile/waits"))
         urls = [*sorted(_ordinary_urls(site)), waits]

@@ -179,14 +179,14 @@ def test_inline_handlers_run_in_the_worker_and_a_python_loop_is_stopped_on_time(
         producer.submit([site.url(p) for p in paths])
     worker_settings = settings.with_overrides(handlers=f"{name}:router",
                                               handler_isolation="inline",
-                                              extractor_timeout_s=0.5, idle_exit_s=1.0)
+                                              handler_timeout_s=0.5, idle_exit_s=1.0)
     with WorkerThread(worker_settings) as worker:
         assert worker.join(30) == 0
     records = {r["url"]: r for r in results(redis_client)}
     assert set(records) == {site.url(p) for p in paths}
     for path in ("/in/loops", "/in/swallows"):
         assert records[site.url(path)]["data_errors"] == {
-            "handler": "timeout: over EXTRACTOR_TIMEOUT_S (0.5 s); stopped"}
+            "handler": "timeout: over HANDLER_TIMEOUT_S (0.5 s); stopped"}
     for n in range(6):
         record = records[site.url(f"/in/ok{n}")]
         assert record["items"][0]["h1"] == "Kettle" and "data_errors" not in record

@@ -107,7 +107,7 @@ def test_a_raising_or_slow_function_is_recorded_stopped_and_the_worker_goes_on(
         site.route(path, lambda _r: (200, HTML, PAGE.encode()))
     urls = [site.url(p) for p in ("/ux/boom", "/ux/slow", "/ux/ok")]
     records = _run(settings, redis_client, urls, extractor=f"{user_module}:extract",
-                   extractor_timeout_s=0.3, concurrency=1)
+                   handler_timeout_s=0.3, concurrency=1)
     assert set(records) == set(urls)
     boom = records[urls[0]]
     error = boom["data_errors"]["extractor"]
@@ -115,7 +115,7 @@ def test_a_raising_or_slow_function_is_recorded_stopped_and_the_worker_goes_on(
     assert boom["status"] == 200 and "data" not in boom
     slow = records[urls[1]]
     assert slow["data_errors"]["extractor"] == (
-        "timeout: over EXTRACTOR_TIMEOUT_S (0.3 s); stopped")
+        "timeout: over HANDLER_TIMEOUT_S (0.3 s); stopped")
     assert "data" not in slow
     assert records[urls[2]]["data"]["price"] == "12.50"  # the same thread went on
     assert redis_client.hget(COUNTERS, "extractor_timeouts") == b"1"
@@ -147,7 +147,7 @@ def test_a_worker_whose_extractor_hangs_on_one_url_stays_healthy_and_records_eve
     with Producer(settings, redis_client) as producer:
         producer.submit(urls)
     port = _free_port()
-    env = {"EXTRACTOR": f"{user_module}:extract", "EXTRACTOR_TIMEOUT_S": "1",
+    env = {"EXTRACTOR": f"{user_module}:extract", "HANDLER_TIMEOUT_S": "1",
            "METRICS_PORT": str(port), "METRICS_HOST": "127.0.0.1",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     worker = start_worker_process(settings, "--concurrency", "2", "--idle-exit", "3", env=env)

@@ -78,7 +78,7 @@ class Processor:
         self.poison = PoisonGuard(client, settings.poison_deliveries, settings.failures_ttl_s)
         self.watch = StuckWatch(self.poison, max(  # started by the worker; never before
             settings.stuck_page_s,  # the limits user code and regexes already have ran out
-            settings.extractor_timeout_s + settings.rules_regex_timeout_s + 5))
+            settings.handler_timeout_s + settings.rules_regex_timeout_s + 5))
         self.give_up = give_up = GivingUp(settings, client, limiter,
                                           DoneSet(client, settings.seen_buckets), self.seen,
                                           results, self.poison)

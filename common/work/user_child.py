@@ -157,7 +157,7 @@ def _serve(conn: Connection, kind: str, value: str, max_memory_bytes: int,
             reply = _one(code, json.loads(head), body)
         except MemoryError:
             conn.send_bytes(orjson.dumps({"crashed": (
-                f"MemoryError over EXTRACTOR_MAX_MEMORY_BYTES ({max_memory_bytes})")}))
+                f"MemoryError over HANDLER_MAX_MEMORY_BYTES ({max_memory_bytes})")}))
             return  # a fresh child rather than one that failed half-way through an allocation
         conn.send_bytes(reply if len(reply) <= REPLY_MAX_BYTES else orjson.dumps(
             {"error": f"ValueError: reply of {len(reply)} bytes over {REPLY_MAX_BYTES}"}))

@@ -28,10 +28,10 @@ per page, gets the final URL, status, headers, body, content type, the rules' da
 handlers) label, meta and depth (JSON and raw bytes on a pipe, never pickle), re-parses the
 body with the worker's own :func:`~common.work.parse.parse_html`, runs the code and sends back
 its answer (that side, and the wire, in :mod:`common.work.user_child`). The parent waits on
-the pipe (GIL released) at most EXTRACTOR_TIMEOUT_S:
+the pipe (GIL released) at most HANDLER_TIMEOUT_S:
 
 * over it, the child is SIGKILLed and the error starts with ``timeout:``;
-* a child that dies (segfault, ``os._exit``, killed, or over EXTRACTOR_MAX_MEMORY_BYTES of
+* a child that dies (segfault, ``os._exit``, killed, or over HANDLER_MAX_MEMORY_BYTES of
   address space: ``RLIMIT_AS``, a MemoryError) gives ``crashed:``; its ``oom_score_adj`` is
   1000, so under a container's memory limit the kernel's OOM killer takes it, not the worker;
 * an exception or a malformed value gives ``"ValueError: message"`` (a handler's items and
@@ -73,7 +73,7 @@ logger = logging.getLogger(__name__)
 
 #: Longest a child may take to start and import the function (not counted in a page's time).
 START_TIMEOUT_S = 30.0
-#: Default EXTRACTOR_MAX_MEMORY_BYTES (a child at rest maps ~58 MiB of address space).
+#: Default HANDLER_MAX_MEMORY_BYTES (a child at rest maps ~58 MiB of address space).
 MAX_MEMORY_BYTES_DEFAULT = 512 * 1024 * 1024
 #: stats:counters fields, by failure kind.
 _COUNTER_NAMES = {"timeout": "extractor_timeouts", "crash": "extractor_crashes"}
@@ -133,8 +133,8 @@ class UserExtractor:
                               "function can be a router's default handler)")
         if not (handlers or extractor):
             return None
-        return cls(handlers or extractor, settings.extractor_timeout_s,
-                   settings.extractor_max_memory_bytes,
+        return cls(handlers or extractor, settings.handler_timeout_s,
+                   settings.handler_max_memory_bytes,
                    kind="HANDLERS" if handlers else "EXTRACTOR",
                    processes=settings.handler_processes,
                    isolation=settings.handler_isolation)
@@ -159,7 +159,7 @@ class UserExtractor:
             routing: dict[str, Any] | None = None,
             root: etree._Element | None = None) -> Reply:
         """One page through this thread's child (or inline, on ``root``, the worker's tree),
-        within EXTRACTOR_TIMEOUT_S; ``routing``: the label, meta, depth and rule handler a
+        within HANDLER_TIMEOUT_S; ``routing``: the label, meta, depth and rule handler a
         router is told."""
         fields = {"url": response.final_url, "status": response.status,
                   "headers": dict(response.headers), "content_type": response.content_type,
@@ -181,7 +181,7 @@ class UserExtractor:
             answer = {"crashed": "MemoryError (HANDLER_ISOLATION=inline: no limit of its own)"}
         if answer is None or "crashed" in answer:
             kind = "timeout" if answer is None else "crash"
-            text = (f"timeout: over EXTRACTOR_TIMEOUT_S ({self.timeout_s:g} s); stopped"
+            text = (f"timeout: over HANDLER_TIMEOUT_S ({self.timeout_s:g} s); stopped"
                     if answer is None else f"crashed: {answer['crashed']}")
             with self._lock:
                 self._counts[kind] += 1
@@ -203,7 +203,7 @@ class UserExtractor:
             left_s = self.timeout_s - (time.monotonic() - started)
             if left_s <= 0 or not _readable(child.conn, left_s):
                 return self._failed(child, "timeout", (
-                    f"timeout: over EXTRACTOR_TIMEOUT_S ({self.timeout_s:g} s); stopped"))
+                    f"timeout: over HANDLER_TIMEOUT_S ({self.timeout_s:g} s); stopped"))
             raw = child.conn.recv_bytes(REPLY_MAX_BYTES)
         except (EOFError, BrokenPipeError, ConnectionResetError):
             return self._failed(child, "crash", f"crashed: {child.death()}")

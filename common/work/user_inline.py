@@ -3,7 +3,7 @@
 No child process, no second parse, no pipe: a page costs what the handler costs (the bench's
 extract phase has the figures). The price is the guarantees of the child (NOTES #36):
 
-* a call over EXTRACTOR_TIMEOUT_S gets :class:`CallTimedOut` raised inside it (CPython's
+* a call over HANDLER_TIMEOUT_S gets :class:`CallTimedOut` raised inside it (CPython's
   ``PyThreadState_SetAsyncExc``, from one watchdog thread per process): pure-Python loops and
   slow code stop at their next bytecode, and the page records ``timeout:``. Code blocked in C
   (a catastrophic ``re`` pattern, a long ``time.sleep``) is not interrupted: the stuck-page
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 class CallTimedOut(BaseException):  # noqa: N818 - not an Exception: handlers' `except Exception` miss it
-    """Raised inside user code that ran past EXTRACTOR_TIMEOUT_S (inline only)."""
+    """Raised inside user code that ran past HANDLER_TIMEOUT_S (inline only)."""
 
 
 class InlineCode:

@@ -2,7 +2,7 @@
 in tmp_path, pages handed to :meth:`Call.on_tree` by parse_html as the worker's PageReader does.
 
 What the child must guarantee: the function never runs in the worker's process, a call over
-EXTRACTOR_TIMEOUT_S is stopped (even one holding the GIL), a child that dies or runs out of its
+HANDLER_TIMEOUT_S is stopped (even one holding the GIL), a child that dies or runs out of its
 address space is a ``crashed:`` error, and the next page gets a fresh child."""
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def test_a_function_that_loops_forever_times_out_and_a_fresh_child_takes_the_nex
     started = time.monotonic()
     looped, follow, counters = _page(extractor, "/loop")
     took_s = time.monotonic() - started
-    assert looped["data_errors"]["extractor"].startswith("timeout: over EXTRACTOR_TIMEOUT_S (1 s)")
+    assert looped["data_errors"]["extractor"].startswith("timeout: over HANDLER_TIMEOUT_S (1 s)")
     assert looped["data"] == {"rule": "kept"} and follow == []
     assert 1.0 <= took_s < 2.5
     assert counters == {"extractor_timeouts": 1}
@@ -136,7 +136,7 @@ def test_a_function_allocating_2_gib_crashes_its_child_not_the_worker(extractor)
     crashes = extractor.counts()["crash"]
     record, _, counters = _page(extractor, "/allocate")
     assert record["data_errors"]["extractor"] == (
-        "crashed: MemoryError over EXTRACTOR_MAX_MEMORY_BYTES (536870912)")
+        "crashed: MemoryError over HANDLER_MAX_MEMORY_BYTES (536870912)")
     assert "allocated" not in record["data"]
     assert counters == {"extractor_crashes": 1}
     assert extractor.counts()["crash"] == crashes + 1
@@ -151,7 +151,7 @@ def test_a_smaller_memory_cap_stops_a_smaller_allocation(user_module):
         assert ok["data"]["price"] == "12.50"  # a child at rest fits in 256 MiB
         record, _, _ = _page(small, "/allocate")
         assert record["data_errors"]["extractor"].startswith("crashed: MemoryError over "
-                                                             "EXTRACTOR_MAX_MEMORY_BYTES (268435456)")
+                                                             "HANDLER_MAX_MEMORY_BYTES (268435456)")
     finally:
         small.close()
 

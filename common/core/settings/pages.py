@@ -56,17 +56,16 @@ class ExtractSettings(SettingsGroup):
     handlers: str = setting(
         "HANDLERS", values.text, "",
         "Your handlers: `package.module:router`, a `scrape_fleet.Router`; on each HTML page, "
-        "after the rules, the handler its label, rule or URL pattern names runs in a child "
-        "process (limits: EXTRACTOR_TIMEOUT_S, EXTRACTOR_MAX_MEMORY_BYTES). Imported at worker "
-        "start; not with EXTRACTOR. Empty: none.")
-    extractor_timeout_s: float = setting(
-        "EXTRACTOR_TIMEOUT_S", values.positive_float, "2",
-        "An EXTRACTOR call (in its child process) taking longer is stopped: the child is "
-        "killed, `data_errors.extractor` starts with `timeout:`.")
-    extractor_max_memory_bytes: int = setting(
-        "EXTRACTOR_MAX_MEMORY_BYTES", values.positive_int, "536870912",
-        "Address space of EXTRACTOR's child process (RLIMIT_AS); past it the "
-        "call fails (`crashed:`) and a fresh child takes the next page.")
+        "after the rules, the handler its label, rule or URL pattern names runs (see "
+        "HANDLER_ISOLATION). Imported at worker start; not with EXTRACTOR. Empty: none.")
+    handler_timeout_s: float = setting(
+        "HANDLER_TIMEOUT_S", values.positive_float, "2",
+        "A handler or EXTRACTOR call taking longer is stopped (its child killed; inline: "
+        "interrupted) and `data_errors.handler` (`.extractor`) starts with `timeout:`.")
+    handler_max_memory_bytes: int = setting(
+        "HANDLER_MAX_MEMORY_BYTES", values.positive_int, "536870912",
+        "Address space of each user-code child process (RLIMIT_AS); past it the call fails "
+        "(`crashed:`) and a fresh child takes the next page.")
     handler_processes: int = setting(
         "HANDLER_PROCESSES", values.positive_int, "2",
         "User-code child processes (HANDLERS or EXTRACTOR) per fetch loop: a page waiting for "
@@ -125,7 +124,7 @@ class PageLimitSettings(SettingsGroup):
     stuck_page_s: float = setting(
         "STUCK_PAGE_S", values.positive_float, "30",
         "A page still parsing after this long marks its URL `poison` and restarts the worker "
-        "(at least EXTRACTOR_TIMEOUT_S + RULES_REGEX_TIMEOUT_S + 5 s).")
+        "(at least HANDLER_TIMEOUT_S + RULES_REGEX_TIMEOUT_S + 5 s).")
 
 
 @dataclass(frozen=True, repr=False)

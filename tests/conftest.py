@@ -74,11 +74,17 @@ def _last(items: list[pytest.Item], wants: list[pytest.Item]) -> None:
     items[:] = [item for item in items if id(item) not in moved] + wants
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if {"services", "postgres", "rabbit_cluster", "sentinel_group"} & set(
                 getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_boot(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the tests and boot services early, for the tests that run: after ``-m`` and
+    ``-k`` deselected theirs (``-m "not integration"`` boots nothing)."""
     if config.option.collectonly:
         return
     # RabbitMQ and Redis (~11 s) boot in the background while the tests that need neither

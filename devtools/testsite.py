@@ -62,6 +62,7 @@ class RequestRecord:
         host: the Host header ("" when absent).
         client: (address, port) of the client.
         headers: all request headers (last value wins).
+        header_lines: every header line as sent, repeats included.
     """
 
     monotonic_s: float
@@ -71,6 +72,7 @@ class RequestRecord:
     host: str
     client: tuple[str, int]
     headers: dict[str, str] = field(default_factory=dict)
+    header_lines: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def user_agent(self) -> str:
@@ -394,7 +396,7 @@ def _make_handler(site: TestSite) -> type[BaseHTTPRequestHandler]:
                 monotonic_s=time.monotonic(), wall_time_s=time.time(), method=self.command,
                 path=self.path, host=self.headers.get("Host", ""),
                 client=(self.client_address[0], int(self.client_address[1])),
-                headers=dict(self.headers.items()),
+                headers=dict(self.headers.items()), header_lines=list(self.headers.items()),
             )
             site._record(record)
             if site.latency_s > 0:

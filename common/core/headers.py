@@ -16,10 +16,11 @@ __all__ = ["MAX_HEADERS_BYTES", "check_headers"]
 MAX_HEADERS_BYTES = 8192
 #: RFC 9110's token: what a field name may be made of.
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-#: Framing, routing and connection headers: libcurl and the fetcher own them.
+#: Framing, routing and connection headers (libcurl and the fetcher own them), the encodings
+#: the fetcher can decode, and the fleet's identity (robots.txt is read for USER_AGENT).
 _REFUSED = frozenset({"host", "content-length", "transfer-encoding", "connection",
                       "keep-alive", "upgrade", "te", "trailer", "proxy-connection",
-                      "proxy-authorization", "expect"})
+                      "proxy-authorization", "expect", "accept-encoding", "user-agent"})
 
 
 def check_headers(value: Any) -> dict[str, str]:

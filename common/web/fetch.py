@@ -144,7 +144,10 @@ class Fetcher:
         current = url
         exchanges: list[Exchange] = []
         if headers:
-            handle.curl.setopt(pycurl.HTTPHEADER, [*BASE_HEADERS, *headers])
+            given = {line.partition(":")[0].strip().lower() for line in headers}
+            handle.curl.setopt(pycurl.HTTPHEADER, [  # a given Accept replaces the fleet's
+                *(line for line in BASE_HEADERS
+                  if line.partition(":")[0].lower() not in given), *headers])
         try:
             for hop in range(self.settings.max_redirects + 1):
                 transfer = handle.transfer

@@ -26,3 +26,9 @@ def test_ordinary_headers_pass_unchanged():
 def test_a_header_that_could_split_reframe_or_retarget_a_request_is_refused(value, error):
     with pytest.raises(ValueError, match=error):
         check_headers(value)
+
+
+@pytest.mark.parametrize("name", ["Accept-Encoding", "user-agent"])
+def test_the_encodings_and_the_fleet_s_identity_are_not_a_request_s_to_change(name):
+    with pytest.raises(ValueError, match="set by the fetcher"):
+        check_headers({name: "x"})

@@ -38,6 +38,14 @@ def test_the_messages_own_headers_reach_the_site_under_the_conditional_ones(step
     assert sent["If-None-Match"] == '"v1"'  # the revisit's validator wins the name
 
 
+def test_a_request_s_accept_replaces_the_fleet_s_instead_of_joining_it(step, site):
+    trip = _admitted(site.page_url(3))
+    trip.headers = {"Accept": "application/json"}
+    assert step.fetch_page(trip) is None
+    sent = site.requests_for("/page/3")[-1]
+    assert [v for k, v in sent.header_lines if k.lower() == "accept"] == ["application/json"]
+
+
 def test_a_cached_response_is_not_fetched_again(step, site):
     trip = _admitted(site.page_url(2))
     trip.response, trip.cached = response(site.page_url(2)), True

@@ -33,6 +33,11 @@ REFERENCE = REPO_ROOT / "docs" / "reference"
 ROOMS = ("core", "broker", "store", "web", "intake", "work", "sink", "ops")
 #: Top-level folders beside ``common/`` and what they hold.
 SUPPORT = {
+    "scrape_fleet/": "the public API your handlers, pipelines and sinks import (`Router`, "
+                     "`Page`, `Request`, `DropItem`, `Sink`); semver, CHANGELOG.md",
+    "examples/": "three runnable projects: a documentation site, a paged shop with an item "
+                 "pipeline, a news site from its sitemap (docs/examples.md)",
+    "docs/": "the documentation site (mkdocs.yml); the reference pages are generated",
     "devtools/": "local RabbitMQ and Redis for the tests and the local run, the loopback "
                  "test site, fault injection, the docs' reference generator",
     "bench/": "the benchmark (one module per phase) and its farm of static sites",

@@ -69,11 +69,22 @@ FIGURES: tuple[str, ...] = (
     "rules pages/s",
     "rules / plain pages/s",
     "rules CPU per page",
+    "handlers pages/s",
+    "handlers / plain pages/s",
+    "handlers CPU per page",
+    "handlers inline pages/s",
+    "handlers inline / plain pages/s",
+    "handlers inline CPU per page",
     "WARC pages/s",
     "WARC / plain pages/s",
     "WARC CPU per page",
     "rules fleet / scrapy-redis extracting",
-    "extracted data equal to the peer's",
+    "handlers fleet / scrapy-redis extracting",
+    "handlers CPU per page / scrapy-redis's",
+    "handlers inline fleet / scrapy-redis extracting",
+    "handlers inline CPU per page / scrapy-redis's",
+    "rules' data equal to the peer's",
+    "handlers' data equal to the peer's",
     "scaling: 1 worker pages/s",
     "scaling: 2 workers pages/s",
     "scaling: 4 workers pages/s",
@@ -257,7 +268,8 @@ def add_extract(add: Callable[..., None], extract: dict[str, Any] | None) -> Non
     add("INFO logging CPU cost", None if cost is None else 100 * cost,
         "% worker CPU per page, LOG_LEVEL INFO (default) over WARNING",
         f"<= {100 * TARGET_INFO_COST:g}", judge(cost, at_most=TARGET_INFO_COST), 1)
-    for variant, label in (("rules", "rules"), ("warc", "WARC")):
+    for variant, label in (("rules", "rules"), ("handlers", "handlers"),
+                           ("inline", "handlers inline"), ("warc", "WARC")):
         figures = extract.get(variant) or {}
         why = f"skipped: {figures['skipped']}"[:72] if "skipped" in figures else ""
         verdict = "skipped" if why else "info"
@@ -274,10 +286,22 @@ def add_extract(add: Callable[..., None], extract: dict[str, Any] | None) -> Non
         f"x, scrapy-redis {peer.get('pages_per_s') or 0:,.0f} pages/s with the same fields",
         f">= {TARGET_EXTRACT_RATIO:g}",
         "skipped" if skipped else judge(ratio["rules_vs_peer"], at_least=TARGET_EXTRACT_RATIO))
-    compared, equal = extract.get("data_compared"), extract.get("data_equal")
-    add("extracted data equal to the peer's", equal, f"of {compared or 0} sampled URLs",
-        "all", "skipped" if skipped else ("pass" if compared and equal == compared else "FAIL"),
-        0)
+    handlers_skipped = skipped or "skipped" in (extract.get("handlers") or {"skipped": 1})
+    for variant, label, where in (("handlers", "handlers", "in child processes (default)"),
+                                  ("inline", "handlers inline", "HANDLER_ISOLATION=inline")):
+        gone = skipped or "skipped" in (extract.get(variant) or {"skipped": 1})
+        add(f"{label} fleet / scrapy-redis extracting", ratio.get(f"{variant}_vs_peer"),
+            f"x, a Python handler with the same fields, {where}",
+            f">= {TARGET_EXTRACT_RATIO:g}", "skipped" if gone
+            else judge(ratio.get(f"{variant}_vs_peer"), at_least=TARGET_EXTRACT_RATIO))
+        add(f"{label} CPU per page / scrapy-redis's", ratio.get(f"{variant}_cpu_vs_peer"),
+            "x, scrapy-redis ms per page over the fleet's (worker + children)", "",
+            "skipped" if gone else "info")
+    for prefix, label in (("data", "rules"), ("handler_data", "handlers")):
+        compared, equal = extract.get(f"{prefix}_compared"), extract.get(f"{prefix}_equal")
+        add(f"{label}' data equal to the peer's", equal, f"of {compared or 0} sampled URLs",
+            "all", "skipped" if skipped or (prefix == "handler_data" and handlers_skipped)
+            else ("pass" if compared and equal == compared else "FAIL"), 0)
 
 
 def _json_default(value: Any) -> Any:

@@ -26,7 +26,7 @@ module lowers it while the site pushes back, for every worker at once:
 Round trips: none added. The admit script reads ``throttle:{domain}`` (one HMGET of a missing
 key for a healthy domain) and applies what the worker learnt since its last admit of that
 domain (healthy answers, a slow answer); a 429/503/timeout is reported by :data:`REPORT_LUA`
-inside the failure's existing pipeline (common/work/processor.py ``_failed``). Each worker
+inside the failure's existing pipeline (common/work/giving_up.py ``failed``). Each worker
 keeps its own latency sample per domain (the last :data:`SAMPLES` answers) for the median.
 """
 

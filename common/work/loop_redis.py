@@ -5,7 +5,7 @@ A Redis call made by a fetch loop's task would otherwise hold the whole loop for
 redis-py's hiredis reply parser with one change: before a blocking read of the socket it calls
 :func:`common.web.multi.wait_readable`, which switches to the loop's other tasks until the
 reply is there, but only inside :func:`common.web.multi.yielding`: the processor's admit and
-result scripts (common/work/processor.py). Every other call (a producer's publish-and-confirm,
+result scripts (common/work/steps/admit.py and record.py). Every other call (a producer's publish-and-confirm,
 robots.txt's bookkeeping, the heartbeat, pressure and releaser threads) reads as before, so
 code that keeps state across a Redis call is never interleaved. Nothing else changes: one
 connection per call from the pool, the same timeouts (a reply that never comes still ends in

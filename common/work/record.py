@@ -61,7 +61,7 @@ FIELD_CAPS: dict[str, tuple[int, bool]] = {
     "error": (ERROR_MAX_CHARS, False),
     "canonical": (URL_MAX_CHARS, True),
     "final_url": (URL_MAX_CHARS, True),
-    "redirected_from": (URL_MAX_CHARS, True),  # copied from the message (processor.py)
+    "redirected_from": (URL_MAX_CHARS, True),  # copied from the message (steps/record.py)
 }
 
 _CAPS = tuple((field, cap, drop) for field, (cap, drop) in FIELD_CAPS.items())

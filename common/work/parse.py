@@ -152,26 +152,13 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
     """
     if max_links < 0:
         raise ValueError(f"max_links must be >= 0, got {max_links}")
-    if looks_binary(body, content_type):
-        raise NotHTML(f"body of {base_url} looks binary, not HTML")
-    _, encoding, utf8_body = decode_to_utf8(body, content_type)
-    utf8_body, cut = bound_body(utf8_body, max_tags)
-    try:
-        # None for empty, blank or comment-only input.
-        root = etree.fromstring(utf8_body, _parser())
-    except (etree.LxmlError, ValueError) as exc:
-        raise NotHTML(f"libxml2 could not parse {base_url}: {exc}") from exc
+    root, encoding, cut = _tree(body, base_url, content_type, max_tags)
     if root is None:
         return Page(None, None, None, None, (), 0, EMPTY_TEXT_HASH, encoding,
                     cut=cut)
 
     meta = _read_metadata(root)
-    base = links.make_base(base_url)
-    if meta.base_href is not None:
-        # The spec ignores a <base href> that does not resolve to a usable URL.
-        resolved = links.resolve(meta.base_href, base)
-        if resolved is not None:
-            base = links.make_base(resolved)
+    base = _base(meta, base_url)
     found, links_truncated = links.extract_links(_HREFS(root), base, max_links)
 
     # Links are read before stripping because links inside <noscript> are real navigation
@@ -248,6 +235,43 @@ def _measure_text(nodes: list[str]) -> tuple[int, str]:
 
 
 # --- tree reading ---------------------------------------------------------------------
+def parse_tree(body: bytes, base_url: str, content_type: str | None = None,
+               max_tags: int = 100_000) -> tuple[etree._Element, str] | None:
+    """The tree :func:`parse_html` hands to ``on_tree`` and its base URL, without the page's
+    own fields (links, text measures): for the user-code child, which reads only the tree.
+    None for an empty page; :class:`NotHTML` as parse_html."""
+    root, _encoding, _cut = _tree(body, base_url, content_type, max_tags)
+    if root is None:
+        return None
+    base = _base(_read_metadata(root), base_url)
+    etree.strip_elements(root, *_INVISIBLE_TAGS, with_tail=False)
+    return root, base.url
+
+
+def _tree(body: bytes, base_url: str, content_type: str | None,
+          max_tags: int) -> tuple[etree._Element | None, str, str | None]:
+    """(root or None for an empty page, the encoding, the cap that cut the body)."""
+    if looks_binary(body, content_type):
+        raise NotHTML(f"body of {base_url} looks binary, not HTML")
+    _, encoding, utf8_body = decode_to_utf8(body, content_type)
+    utf8_body, cut = bound_body(utf8_body, max_tags)
+    try:
+        # None for empty, blank or comment-only input.
+        return etree.fromstring(utf8_body, _parser()), encoding, cut
+    except (etree.LxmlError, ValueError) as exc:
+        raise NotHTML(f"libxml2 could not parse {base_url}: {exc}") from exc
+
+
+def _base(meta: _Metadata, base_url: str) -> links.Base:
+    base = links.make_base(base_url)
+    if meta.base_href is not None:
+        # The spec ignores a <base href> that does not resolve to a usable URL.
+        resolved = links.resolve(meta.base_href, base)
+        if resolved is not None:
+            base = links.make_base(resolved)
+    return base
+
+
 def _parser() -> etree.HTMLParser:
     # One parser per thread: lxml serialises concurrent use of a shared parser, and a
     # per-thread parser lets libxml2 run with the GIL released.

@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from lxml import etree
 
 from common.core.errors import ConfigError
-from common.work.parse import parse_html
+from common.work.parse import parse_tree
 from common.work.user_code import ERROR_MAX_CHARS, answer, load_user_code
 
 __all__ = ["ERROR_MAX_CHARS", "REPLY_MAX_BYTES", "ChildProcess"]
@@ -164,17 +163,13 @@ def _serve(conn: Connection, kind: str, value: str, max_memory_bytes: int,
 
 
 def _one(code: Any, head: dict[str, Any], body: bytes) -> bytes:
-    """One page: parse as the worker does, run the user's code, the encoded reply."""
-    got: dict[str, Any] = {}
-
-    def on_tree(root: etree._Element, base_url: str) -> None:
-        got["reply"] = answer(code, head, body, root, base_url)
-
+    """One page: the worker's tree (parse_tree: the same tree, without the page's own
+    fields), the user's code on it, the encoded reply."""
     try:
-        parse_html(body, head["url"], head["content_type"], on_tree=on_tree)
-        if "reply" not in got:
+        parsed = parse_tree(body, head["url"], head["content_type"])  # the tree only
+        if parsed is None:
             raise ValueError("the page has no tree to extract from")
-        return orjson.dumps(got["reply"])
+        return orjson.dumps(answer(code, head, body, *parsed))
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. a value orjson cannot encode

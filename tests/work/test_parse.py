@@ -10,11 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urljoin
 
 import pytest
+from lxml import etree
 
 from common.core.errors import FleetError
 from common.work import links as link_rules
 from common.work import parse
-from common.work.parse import NotHTML, Page, parse_html
+from common.work.parse import NotHTML, Page, parse_html, parse_tree
 
 BASE = "https://example.com/dir/page.html"
 UTF8 = "text/html; charset=utf-8"
@@ -461,3 +462,16 @@ def test_text_length_matches_the_collapsed_text_on_random_node_lists() -> None:
                  for _ in range(rng.randint(0, 6))]
         collapsed = re.sub(r"[ \t\n\r\f]+", " ", " ".join(nodes)).strip(" ")
         assert parse._measure_text(nodes)[0] == len(collapsed), nodes
+
+
+def test_parse_tree_gives_the_very_tree_and_base_that_parse_html_hands_to_its_hook():
+    body = ('<html><head><base href="/docs/"><script>x()</script><style>p{}</style></head>'
+            '<body><noscript><a href="n">n</a></noscript><p>café <a href="a">a</a></p>'
+            '</body></html>').encode()
+    seen = []
+    parse_html(body, "https://s.test/x/y", "text/html; charset=utf-8",
+               on_tree=lambda root, base: seen.append((etree.tostring(root), base)))
+    root, base = parse_tree(body, "https://s.test/x/y", "text/html; charset=utf-8")
+    assert (etree.tostring(root), base) == seen[0]
+    assert base == "https://s.test/docs/" and b"<script" not in etree.tostring(root)
+    assert parse_tree(b"   ", "https://s.test/") is None

@@ -182,7 +182,7 @@ def test_a_worker_whose_extractor_hangs_on_one_url_stays_healthy_and_records_eve
 
 
 @pytest.mark.parametrize(("value", "message"), [
-    ("nocolon", r"EXTRACTOR='nocolon' is invalid: expected package\.module:function"),
+    ("nocolon", r"EXTRACTOR='nocolon': expected package\.module:function, got 'nocolon'"),
     ("ux_no_such_module_zz:f", r"EXTRACTOR='ux_no_such_module_zz:f': cannot import module "
                                r"'ux_no_such_module_zz': ModuleNotFoundError"),
     ("{mod}:missing", r"EXTRACTOR='{mod}:missing': module '{mod}' has no attribute 'missing'"),

@@ -18,7 +18,6 @@ command line) and what to do.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any
 
 from common.core.errors import ConfigError
+from common.core.imports import import_object
 from common.sink.reader import Sink
 from scrape_fleet.sinks import ENTRY_POINT_GROUP
 
@@ -65,26 +65,6 @@ def known_names() -> list[str]:
     return sorted(set(BUILT_IN) | set(_registered()))
 
 
-def _import(target: str, origin: str) -> Any:
-    """The object ``module:attr.path`` names; ConfigError saying what failed."""
-    module_name, _, attr_path = target.partition(":")
-    if not module_name or not attr_path:
-        raise ConfigError(f"{origin}: expected package.module:Class, got {target!r}")
-    try:
-        found: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{origin}: cannot import module {module_name!r}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - user code failing at import: shown, exit 2
-        raise ConfigError(f"{origin}: importing module {module_name!r} failed: "
-                          f"{type(exc).__name__}: {exc}") from None
-    for part in attr_path.split("."):
-        try:
-            found = getattr(found, part)
-        except AttributeError:
-            raise ConfigError(f"{origin}: module {module_name!r} has no {attr_path!r}") from None
-    return found
-
-
 def _check_class(found: Any, origin: str) -> type[Any]:
     """``found`` if it is a sink class; ConfigError saying what it is instead."""
     if not inspect.isclass(found):
@@ -115,7 +95,7 @@ def resolve(kind: str, origin: str) -> SinkClass:
     """
     kind = kind.strip()
     if ":" in kind:
-        cls = _check_class(_import(kind, origin), origin)
+        cls = _check_class(import_object(kind, origin, "Class"), origin)
         own = getattr(cls, "name", None)
         return SinkClass(kind, cls, own if isinstance(own, str) and own else cls.__name__)
     points = _registered().get(kind, [])
@@ -128,7 +108,7 @@ def resolve(kind: str, origin: str) -> SinkClass:
     if target is None:
         raise ConfigError(f"{origin}: no sink named {kind!r} (known: "
                           f"{', '.join(known_names())}; or package.module:Class)")
-    return SinkClass(kind, _check_class(_import(target, origin), origin), kind)
+    return SinkClass(kind, _check_class(import_object(target, origin, "Class"), origin), kind)
 
 
 def build(found: SinkClass, settings: Settings, name: str | None = None) -> Any:

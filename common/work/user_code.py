@@ -15,7 +15,6 @@ values go into the record's ``data`` and its errors under ``data_errors.extracto
 
 from __future__ import annotations
 
-import importlib
 import logging
 from functools import cached_property
 from typing import Any
@@ -26,6 +25,7 @@ from lxml import etree
 from parsel import Selector
 
 from common.core.errors import ConfigError
+from common.core.imports import import_object
 from common.work.charset import decode_to_utf8
 from scrape_fleet import Page, Router
 
@@ -66,22 +66,7 @@ class PageInput:
 
 
 def _load(setting: str, value: str, expected: str) -> Any:
-    """The object ``package.module:name`` names; ConfigError naming ``setting`` and why."""
-    module_name, colon, attr = value.strip().partition(":")
-    if not colon or not module_name or not attr:
-        raise ConfigError(f"{setting}={value!r} is invalid: expected package.module:{expected}")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import-time failure is a config error
-        raise ConfigError(f"{setting}={value!r}: cannot import module {module_name!r}: "
-                          f"{type(exc).__name__}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ConfigError(f"{setting}={value!r}: module {module_name!r} has no attribute "
-                              f"{attr!r}") from None
-    return target
+    return import_object(value, f"{setting}={value!r}", expected)
 
 
 def load_function(value: str) -> Any:

@@ -136,9 +136,11 @@ def test_a_sink_that_cannot_be_loaded_stops_with_exit_2_naming_sink_and_register
 
 @pytest.mark.parametrize(("kind", "message"), [
     ("nosuch", "no sink named 'nosuch' (known: files, postgres; or package.module:Class)"),
-    ("tests.sink.no_such_module:Sink", "cannot import module 'tests.sink.no_such_module': No "
-                                       "module named 'tests.sink.no_such_module'"),
-    ("tests.sink.user_sinks:Missing", "module 'tests.sink.user_sinks' has no 'Missing'"),
+    ("tests.sink.no_such_module:Sink", "cannot import module 'tests.sink.no_such_module': "
+                                       "ModuleNotFoundError: No module named "
+                                       "'tests.sink.no_such_module'"),
+    ("tests.sink.user_sinks:Missing", "module 'tests.sink.user_sinks' has no attribute "
+                                      "'Missing'"),
     ("tests.sink.user_sinks:NotASink", "tests.sink.user_sinks.NotASink is not a sink: no write "
                                        "method; subclass scrape_fleet.Sink"),
     ("tests.sink.user_sinks:HalfDone", "HalfDone does not implement write"),

@@ -48,6 +48,7 @@ from common.work.rules_compile import compile_css as _css
 from common.work.rules_compile import compile_regex as _regex
 from common.work.rules_compile import compile_xpath as _xpath
 from common.work.user_regex import REGEX_TIMEOUTS, RegexBudget, RegexTimeout, rule_warnings
+from scrape_fleet.request import HANDLER_NAME
 
 TYPES = ("str", "int", "float", "decimal", "date", "bool", "url")
 RULE_KEYS = {"name", "host", "path", "url", "fields", "items", "follow", "handler"}
@@ -55,8 +56,6 @@ FIELD_KEYS = {"css", "xpath", "get", "many", "regex", "group", "type", "format",
 ITEMS_KEYS = {"selector", "css", "xpath", "fields", "name"}
 FOLLOW_KEYS = {"allow", "deny", "css", "xpath", "nofollow", "depth", "priority", "domains"}
 CONTENT_GETS = {"main_text": "text", "markdown": "markdown"}  # get -> content.OUTPUTS
-#: A handler's name: scrape_fleet.request.HANDLER_NAME (common/ never imports scrape_fleet).
-HANDLER_NAME = regex.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 logger = logging.getLogger(__name__)
 

@@ -288,9 +288,3 @@ def test_a_content_field_may_select_an_element_or_take_the_whole_page():
     page, one = rule.fields
     assert (page.xpath, page.get, one.get, one.default) == (None, "markdown", "main_text", "")
     assert one.xpath == "//article" and not one.many and one.regex is None
-
-
-def test_the_rules_handler_name_is_the_handler_apis():
-    request = pytest.importorskip("scrape_fleet.request")
-    from common.work.rules_file import HANDLER_NAME
-    assert HANDLER_NAME.pattern == request.HANDLER_NAME.pattern

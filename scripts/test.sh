@@ -62,7 +62,7 @@ show_waiting() {
 # SIGINT at its default, so that an interrupt stops it through pytest (its servers torn down).
 set -m
 .venv/bin/python -m pytest -o cache_dir=.pytest_cache/waiting "$@" "${WAITING[@]}" \
-    > "$side_log" 2>&1 &
+    < /dev/null > "$side_log" 2>&1 &
 side=$!
 set +m
 trap 'kill -INT "$side" 2>/dev/null || true; wait "$side" 2>/dev/null || true; show_waiting interrupted' EXIT

@@ -13,7 +13,7 @@ line) and returns the exit code. A subcommand's module is imported only when it 
 ``--help`` stays fast.
 
 With no connection variable set (RABBITMQ_URL, REDIS_URL or their host/port parts), the
-commands other than ``up``/``down``/``config`` use the local fleet's fleet.env, or stop at
+commands other than ``up``/``down``/``config``/``try`` use the local fleet's fleet.env, or stop at
 once when that fleet is down (:func:`common.ops.local_fleet.point_at_local_fleet`); ``export``
 then reads the files sink's parts alone.
 """
@@ -53,8 +53,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                  "recrawl URLs on an adaptive schedule (scheduler.py)"),
     "reparse": ("common.ops.reparse", "reparse_main",
                 "results again from archived WARC files, no fetching (reparse.py)"),
+    "try": ("common.ops.cli_try", "try_main",
+            "what your rules and handlers give on one page, no fleet needed"),
 }
 LOCAL_MODE = ("up", "down", "config")
+#: Commands that need no fleet: local mode's, and the offline checker.
+NO_FLEET = (*LOCAL_MODE, "try")
 
 
 def overview() -> str:
@@ -65,7 +69,7 @@ def overview() -> str:
         "A distributed web-scraping fleet on RabbitMQ and Redis.", "",
         "local mode (this machine, no Docker; Debian's rabbitmq-server and redis-server):",
         *rows[:3], "", "commands (each also a root script, e.g. python producer.py):",
-        *rows[3:], "",
+        *rows[3:-1], "", "offline:", *rows[-1:], "",
         "`scrape-fleet COMMAND --help` shows a command's options. Settings are environment",
         "variables (docs/reference/configuration.md). When none of RABBITMQ_URL, REDIS_URL",
         "or their host/port parts is set, commands use the fleet `up` started: DIR/fleet.env,",
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"scrape-fleet: unknown command {name!r}{hint} (scrape-fleet --help lists them)",
               file=sys.stderr)
         sys.exit(cli.EXIT_CONFIG)
-    if name not in LOCAL_MODE:
+    if name not in NO_FLEET:
         rest = point_at_local_fleet(name, rest, os.environ)
     module, function, _help = COMMANDS[name]
     command = getattr(importlib.import_module(module), function)

@@ -15,37 +15,27 @@ A field's ``regex`` runs within the page's RULES_REGEX_TIMEOUT_S
 their values, and :data:`REGEX_TIMEOUTS` counts it (``field``; ``match`` and ``follow`` for the
 rule's ``path``/``url`` and ``allow``/``deny``).
 
-Checker, offline for a saved file (or fetching one URL with the fleet's Fetcher)::
-
-    python -m common.work.extract RULES (URL | FILE.html) [--url URL]
-
-prints the matching rule's fields as JSON (and, for a rule with ``follow``, the links crawl
-mode would hand on). RULES is a file, ``@FILE`` or inline JSON. Regexes prone to catastrophic
-backtracking (:func:`common.work.user_regex.backtracking_risks`) are warned about on stderr.
+The offline checker is ``scrape-fleet try PAGE --rules RULES`` (common/ops/cli_try.py): the
+matching rule's fields as JSON and, for a rule with ``follow``, the links crawl mode would hand
+on. Regexes prone to catastrophic backtracking
+(:func:`common.work.user_regex.backtracking_risks`) are warned about on stderr.
 """
 
 from __future__ import annotations
 
-import argparse
 import email.utils
-import json
 import math
 import re
-import sys
 from collections.abc import Callable
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
-from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from lxml import etree
 from parsel import Selector
 
-from common.core.errors import ConfigError, FleetError
 from common.work import content
-from common.work.follow import LinkMarks
-from common.work.parse import parse_html
 from common.work.rules_file import CONTENT_GETS, Field, Rule, load_rules
 from common.work.user_regex import (
     REGEX_TIMEOUT_S_DEFAULT,
@@ -54,7 +44,7 @@ from common.work.user_regex import (
     RegexTimeout,
 )
 
-__all__ = ["REGEX_TIMEOUTS", "Extractor", "extract", "main"]
+__all__ = ["REGEX_TIMEOUTS", "Extractor", "extract"]
 
 ERROR_MAX_CHARS = 200  # each data_errors reason
 _NUMBER_NOISE = re.compile(r"[\s,_\u00a0\u202f]")
@@ -274,77 +264,3 @@ def _date(text: str, fmt: str | None) -> str:
         except ValueError:
             continue
     raise ValueError(f"not a date: {text[:80]!r}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m common.work.extract",
-        description="Print what extraction rules give on one page, as JSON.")
-    parser.add_argument("rules", help="rules file (YAML or JSON), @FILE, or inline JSON")
-    parser.add_argument("target", help="a saved HTML file, or an http(s) URL to fetch")
-    parser.add_argument("--url", help="the URL a saved file was fetched from (rules match it)")
-    args = parser.parse_args(argv)
-    value = args.rules if args.rules.startswith("@") or args.rules.lstrip()[:1] in ("[", "{") \
-        else "@" + args.rules
-    try:
-        extractor = Extractor(load_rules(
-            value, warn=lambda message: print(f"warning: {message}", file=sys.stderr)))
-    except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return 2
-    content_type = None
-    if args.target.startswith(("http://", "https://")):
-        try:
-            body, url, content_type = _fetch(args.target)
-        except FleetError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-    else:
-        try:
-            body = Path(args.target).read_bytes()
-        except OSError as exc:
-            print(f"error: cannot read {args.target}: {exc.strerror}", file=sys.stderr)
-            return 1
-        url = args.url or Path(args.target).resolve().as_uri()
-    record: dict[str, Any] = {}
-    budget = extractor.budget()
-    rule = extractor.match(url, budget)
-    if rule is None:
-        print(f"error: no rule matches {url}", file=sys.stderr)
-        return 1
-    hook = extractor.on_tree(record, rule, budget)
-    marks = (LinkMarks(rule.follow, honour_nofollow=True, budget=budget, record=record)
-             if rule.follow else None)
-
-    def on_tree(root: etree._Element, base_url: str) -> None:
-        hook(root, base_url)
-        if marks is not None:
-            marks.on_tree(root, base_url)
-
-    page = parse_html(body, url, content_type, on_tree=on_tree)
-    plan = marks.plan(page.links, 0) if marks is not None else None
-    out = {"url": url, "rule": rule.name, "data": record.get("data"),
-           "data_errors": record.get("data_errors", {})}
-    if plan is not None:  # what crawl mode would hand on (before scope, robots.txt, dedupe)
-        out["follow"] = list(plan.links)
-    print(json.dumps(out, indent=2, ensure_ascii=False))
-    return 0
-
-
-def _fetch(url: str) -> tuple[bytes, str, str | None]:
-    """One fetch with the fleet's settings and address guard (FETCH_ALLOW_NETWORKS)."""
-    from common.core.config import load_settings
-    from common.web.fetch import Fetcher
-
-    fetcher = Fetcher(load_settings())
-    try:
-        response = fetcher.fetch(url)
-    finally:
-        fetcher.close()
-    if response.status >= 400:
-        raise FleetError(f"fetching {url} gave HTTP {response.status}")
-    return response.body, response.final_url, response.content_type
-
-
-if __name__ == "__main__":
-    sys.exit(main())

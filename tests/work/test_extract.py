@@ -125,8 +125,8 @@ def test_checker_prints_the_same_values_offline_from_a_saved_file(rules_file, tm
     saved = tmp_path / "item2.html"
     saved.write_text(detail_html(2))
     out = subprocess.run(
-        [sys.executable, "-m", "common.work.extract", str(rules_file), str(saved),
-         "--url", f"{BASE}/shop/item/2"], cwd=REPO_ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "common.ops.console", "try", str(saved), "--rules",
+         str(rules_file), "--url", f"{BASE}/shop/item/2"], cwd=REPO_ROOT, capture_output=True, text=True,
         check=True, timeout=60)
     printed = json.loads(out.stdout)
     data, errors = expected_detail(BASE, 2)
@@ -137,9 +137,10 @@ def test_checker_prints_the_same_values_offline_from_a_saved_file(rules_file, tm
 def test_checker_says_when_no_rule_matches(rules_file, tmp_path):
     saved = tmp_path / "page.html"
     saved.write_text(listing_html())
-    out = subprocess.run([sys.executable, "-m", "common.work.extract", str(rules_file),
-                          str(saved)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "common.ops.console", "try", str(saved),
+                          "--rules", str(rules_file)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "no rule matches file://" in out.stderr
+    assert "and no handlers are given" in out.stderr
 
 
 def test_rules_match_by_host_with_subdomains_then_first_wins():
@@ -228,8 +229,8 @@ def test_bad_rules_files_stop_with_a_clear_error(name, tmp_path):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         Extractor.from_setting(f"@{path}")
-    out = subprocess.run([sys.executable, "-m", "common.work.extract", str(path),
-                          str(path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "common.ops.console", "try", str(path),
+                          "--rules", str(path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "configuration error: EXTRACT_RULES" in out.stderr
 
 

@@ -124,9 +124,9 @@ def test_the_rules_checker_prints_the_links_a_follow_rule_keeps(tmp_path):
                      "  follow: {css: .products, deny: 'ref='}\n")
     saved = tmp_path / "list.html"
     saved.write_text(PAGE.format(meta=""))
-    out = subprocess.run([sys.executable, "-m", "common.work.extract", str(rules), str(saved),
-                          "--url", BASE], cwd=REPO_ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "common.ops.console", "try", str(saved),
+                          "--rules", str(rules), "--url", BASE], cwd=REPO_ROOT, capture_output=True, text=True,
                          check=True, timeout=60)
     printed = json.loads(out.stdout)
     assert printed["data"] == {"menu": "AboutCart"}
-    assert printed["follow"] == ["http://shop.example/p/1"]
+    assert printed["rule_follow"] == ["http://shop.example/p/1"]

@@ -2,7 +2,8 @@
 
 :class:`Watched` starts a child, samples its CPU time from ``/proc/PID/stat`` while it runs (so
 the CPU spent before a moment, e.g. start-up before the first page, can be subtracted), and
-reaps it with ``os.wait4`` to get its exact final CPU. Its peak resident set is the highest
+reaps it with ``os.wait4`` to get its exact final CPU (its reaped children's included, so a
+sample counts its live children's too: a worker's user-code children). Its peak resident set is the highest
 VmHWM read from ``/proc/PID/status`` while it ran (every sample, and every 50 ms while it is
 being reaped), not wait4's ``ru_maxrss``: Linux keeps in ``ru_maxrss`` the high-water mark of
 the memory a child had before its ``exec``, and a child spawned with vfork (as subprocess
@@ -34,6 +35,17 @@ def proc_cpu_s(pid: int) -> float | None:
         return None
     fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def children_of(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (every thread's), from /proc."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
 
 
 def proc_rss_kb(pid: int) -> tuple[int, int] | None:
@@ -117,7 +129,9 @@ class Watched:
     def _sample(self) -> None:
         while not self._done.is_set():
             cpu = proc_cpu_s(self.proc.pid)
-            if cpu is not None:
+            if cpu is not None:  # with its live children's (a worker's user-code children):
+                # wait4 counts them once reaped, so a sample must count them too
+                cpu += sum(proc_cpu_s(child) or 0.0 for child in children_of(self.proc.pid))
                 self.samples.append((time.time(), cpu))
             self._read_hwm()
             self._done.wait(self.interval_s)

@@ -138,6 +138,7 @@ class FetchLoops:
 
         entry = (loop, share)
         self._loops.append(entry)
+        self.processor.warm()  # this loop's user-code children import meanwhile
         try:
             while True:
                 while loop.tasks < share and not self._closing:

@@ -140,6 +140,10 @@ class Processor:
         """A dead letter is confirmed: mark its URL done, append its failure record."""
         self.give_up.record_dead_letter(mark, record)
 
+    def warm(self) -> None:
+        """Called by each fetch loop as it starts: the user code's children start now."""
+        self.read.warm()
+
     def close(self) -> None:
         """Close what the steps opened: fetch handles, the user code's processes, producers."""
         self.watch.stop()

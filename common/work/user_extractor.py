@@ -214,6 +214,14 @@ class UserExtractor:
             return self._failed(child, "crash", f"crashed: {answer['crashed']}")
         return _reply(answer)
 
+    def warm(self) -> None:
+        """Start this thread's children now (a fetch loop starting): they import the code
+        while the worker connects, instead of on its first pages' clock."""
+        if self.inline is None:
+            every = self._pool()[1]
+            while len(every) < self.processes:
+                self._give_back(self._start())
+
     def close(self) -> None:
         """Stop every child (the worker's shutdown; a later call starts new ones)."""
         with self._lock:

@@ -29,6 +29,11 @@ class Read:
                                     cached=trip.cached, progress=trip.progress, message=message)
         return None
 
+    def warm(self) -> None:
+        """Start the calling fetch loop's user-code children (common/work/user_extractor.py)."""
+        if self.pages.custom is not None:
+            self.pages.custom.warm()
+
     def close(self) -> None:
         if self.pages.custom is not None:  # the user code's child processes
             self.pages.custom.close()

@@ -29,13 +29,11 @@ from common.core.imports import import_object
 from common.work.charset import decode_to_utf8
 from scrape_fleet import Page, Router
 
-__all__ = ["KINDS", "PageInput", "answer", "check_output", "load_function", "load_router", "main_content",
-           "load_user_code"]
+__all__ = ["PageInput", "answer", "check_output", "load_function", "load_router", "load_user_code",
+           "main_content"]
 
 logger = logging.getLogger(__name__)
 
-#: The settings that name user code, and what each must name.
-KINDS = {"EXTRACTOR": "function", "HANDLERS": "router"}
 ERROR_MAX_CHARS = 200
 _KEYS = frozenset({"data", "follow", "priority"})
 

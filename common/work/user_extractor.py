@@ -59,7 +59,7 @@ from lxml import etree
 from common.core.errors import ConfigError
 from common.web import multi
 from common.work.user_child import ERROR_MAX_CHARS, REPLY_MAX_BYTES, ChildProcess
-from common.work.user_code import PageInput, load_function, load_user_code
+from common.work.user_code import load_user_code
 from common.work.user_inline import InlineCode
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from common.core.config import Settings
     from common.web.fetch import FetchResult
 
-__all__ = ["PageInput", "UserExtractor", "load_function"]
+__all__ = ["Call", "UserExtractor"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class UserExtractor:
                  kind: str = "EXTRACTOR", processes: int = 1,
                  isolation: str = "process") -> None:
         self.value = value
-        self.kind = kind  # "EXTRACTOR" or "HANDLERS" (common.work.user_code.KINDS)
+        self.kind = kind  # "EXTRACTOR" or "HANDLERS"
         self.routed = kind == "HANDLERS"
         self.timeout_s = timeout_s
         self.max_memory_bytes = max_memory_bytes
@@ -118,11 +118,6 @@ class UserExtractor:
         self._children: set[ChildProcess] = set()
         self._counts = {"timeout": 0, "crash": 0}
         self._closed = False
-
-    @classmethod
-    def from_setting(cls, value: str, timeout_s: float,
-                     max_memory_bytes: int = MAX_MEMORY_BYTES_DEFAULT) -> UserExtractor | None:
-        return cls(value, timeout_s, max_memory_bytes) if value and value.strip() else None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> UserExtractor | None:

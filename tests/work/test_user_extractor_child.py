@@ -53,8 +53,7 @@ def user_module(tmp_path, monkeypatch) -> str:
 
 @pytest.fixture
 def extractor(user_module) -> Iterator[UserExtractor]:
-    made = UserExtractor.from_setting(f"{user_module}:extract", 1.0)
-    assert made is not None
+    made = UserExtractor(f"{user_module}:extract", 1.0)
     yield made
     made.close()
 
@@ -184,8 +183,7 @@ def test_close_ends_every_child(extractor):
 
 
 def test_a_module_the_child_cannot_import_is_a_crash_not_a_hang(user_module, tmp_path):
-    made = UserExtractor.from_setting(f"{user_module}:extract", 1.0)
-    assert made is not None
+    made = UserExtractor(f"{user_module}:extract", 1.0)
     (tmp_path / f"{user_module}.py").write_text("raise ImportError('only in the worker')\n")
     try:
         record, _, counters = _page(made, "/item")

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
+from common.core.config import load_settings
 from common.core.errors import ConfigError
-from common.work import extract as extract_module
+from common.ops.cli_try import try_main
 from common.work.extract import Extractor
 from common.work.follow import LinkMarks
 from common.work.parse import parse_html
@@ -227,7 +228,7 @@ rules:
 """)
     page = tmp_path / "page.html"
     page.write_bytes(_page("1 USD"))
-    assert extract_module.main([str(rules), str(page), "--url", URL]) == 0
+    assert try_main(load_settings({}), [str(page), "--url", URL, "--rules", str(rules)]) == 0
     err = capsys.readouterr().err
     warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 2, err

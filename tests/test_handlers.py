@@ -129,7 +129,7 @@ def test_pages_of_one_fetch_loop_run_their_handlers_at_once_in_several_children(
     name = f"slow_{uuid.uuid4().hex}"
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(SLOW_ROUTER))
     monkeypatch.syspath_prepend(str(tmp_path))
-    paths = [f"/slow/{n}" for n in range(4)]
+    paths = [f"/overlap/{n}" for n in range(4)]
     for path in paths:
         site.route(path, lambda _r: (200, HTML, b"<html><body><p>slow</p></body></html>"))
     with Producer(settings, redis_client) as producer:

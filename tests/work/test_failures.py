@@ -31,7 +31,7 @@ def _seed(settings: Settings, redis_client: Any, urls: list[str]) -> None:
     assert summary.new == len(urls), summary.line()
 
 
-def _run_worker_until(settings: Settings, done: Callable[[], bool], timeout_s: float = 45.0,
+def _run_worker_until(settings: Settings, done: Callable[[], bool], timeout_s: float = 20.0,
                       **overrides: Any) -> None:
     """Run a worker until ``done()`` holds, then stop it gracefully (no idle wait)."""
     with WorkerThread(settings.with_overrides(**overrides)) as worker:

@@ -186,6 +186,16 @@ class TestSite(Managed):
         with self._lock:
             self._routes[path] = handler
 
+    def routes(self) -> dict[str, Handler]:
+        """The custom routes now, for :meth:`restore_routes` (a test's routes undone)."""
+        with self._lock:
+            return dict(self._routes)
+
+    def restore_routes(self, routes: dict[str, Handler]) -> None:
+        """Serve exactly ``routes`` (from :meth:`routes`) besides the built-ins again."""
+        with self._lock:
+            self._routes = dict(routes)
+
     @property
     def log(self) -> list[RequestRecord]:
         """A copy of the request log, oldest first."""

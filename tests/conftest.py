@@ -231,10 +231,14 @@ def test_site() -> Iterator[TestSite]:
 
 
 @pytest.fixture
-def site(test_site: TestSite) -> TestSite:
-    """The session test site with its request log (and /flaky counters) cleared."""
+def site(test_site: TestSite) -> Iterator[TestSite]:
+    """The session test site with its request log (and /flaky counters) cleared; the routes a
+    test adds or replaces are undone after it (a test that routed /slow/N once gave every later
+    test of the session a fast /slow/N)."""
     test_site.clear_log()
-    return test_site
+    routes = test_site.routes()
+    yield test_site
+    test_site.restore_routes(routes)
 
 
 @pytest.fixture

@@ -280,3 +280,14 @@ def test_start_sites_gives_distinct_loopback_hosts():
 def test_test_site_refuses_non_loopback_addresses():
     with pytest.raises(ValueError, match="loopback"):
         TestSite("10.0.0.1")
+
+
+def test_routes_a_test_adds_to_the_session_site_are_undone_after_it(test_site):
+    before = test_site.routes()
+    test_site.route("/slow/1", lambda _r: (200, {"Content-Type": "text/plain"}, b"fast"))
+    test_site.route("/t-devtools/extra", lambda _r: (200, {"Content-Type": "text/plain"}, b"x"))
+    assert requests.get(test_site.url("/t-devtools/extra"), timeout=5).text == "x"
+    test_site.restore_routes(before)  # what the `site` fixture does after every test
+    assert test_site.routes() == before
+    assert requests.get(test_site.url("/t-devtools/extra"), timeout=5).status_code == 404
+    assert requests.get(test_site.url("/slow/1"), timeout=5).text != "fast"

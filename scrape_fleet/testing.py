@@ -15,11 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from parsel import Selector
-
-from common.work.charset import decode_to_utf8
-from common.work.parse import parse_html
-from common.work.user_code import main_content
+from common.work.parse import parse_tree
+from common.work.user_code import page_of
 from scrape_fleet.page import Page
 
 __all__ = ["page_from_html"]
@@ -34,9 +31,8 @@ def page_from_html(html: str | bytes, url: str = "https://example.test/", *, sta
     headers = {k.lower(): v for k, v in (headers or {}).items()}
     body = html.encode() if isinstance(html, str) else html
     content_type = headers.get("content-type", "text/html; charset=utf-8")
-    roots: list[Any] = []
-    parse_html(body, url, content_type, on_tree=lambda root, _base: roots.append(root))
-    selector = Selector(root=roots[0], type="html") if roots else None
-    return Page(url=url, status=status, headers=headers, selector=selector,
-                text=lambda: decode_to_utf8(body, content_type)[0], data=data, depth=depth,
-                label=label, meta=meta, content=main_content)
+    parsed = parse_tree(body, url, content_type)
+    return page_of({"url": url, "status": status, "headers": headers,
+                    "content_type": content_type, "data": data, "depth": depth,
+                    "label": label, "meta": dict(meta or {})}, body,
+                   parsed[0] if parsed else None)

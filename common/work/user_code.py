@@ -30,7 +30,7 @@ from common.work.charset import decode_to_utf8
 from scrape_fleet import Page, Router
 
 __all__ = ["PageInput", "answer", "check_output", "load_function", "load_router", "load_user_code",
-           "main_content"]
+           "main_content", "page_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,16 +128,22 @@ def answer(code: Any, head: dict[str, Any], body: bytes, root: etree._Element,
     return {"data": data, "follow": [{"urls": follow, "priority": priority}] if follow else []}
 
 
-def _routed(router: Router, head: dict[str, Any], body: bytes,
-            root: etree._Element) -> dict[str, Any]:
+def page_of(head: dict[str, Any], body: bytes, root: etree._Element | None) -> Page:
+    """The :class:`scrape_fleet.Page` of a page the worker parsed (``root``: its tree, None for
+    an empty page), ``head`` as the child is sent it: url, status, headers, content_type,
+    data, and label, meta, depth (a label or meta of the wrong type is ignored)."""
     label, meta = head.get("label"), head.get("meta")
-    page = Page(url=head["url"], status=head["status"], headers=head["headers"],
-                selector=Selector(root=root, type="html"),
+    return Page(url=head["url"], status=head["status"], headers=head["headers"],
+                selector=Selector(root=root, type="html") if root is not None else None,
                 text=lambda: decode_to_utf8(body, head["content_type"])[0],
                 data=head["data"], depth=head.get("depth") or 0,
                 label=label if isinstance(label, str) else None,
                 meta=meta if isinstance(meta, dict) else None, content=main_content)
-    result = router.run(page, head.get("rule_handler"))
+
+
+def _routed(router: Router, head: dict[str, Any], body: bytes,
+            root: etree._Element) -> dict[str, Any]:
+    result = router.run(page_of(head, body, root), head.get("rule_handler"))
     reply: dict[str, Any] = {"handler": result.handler, "items": result.items,
                              "follow": [r.wire() for r in result.requests if r.urls],
                              "dropped": result.dropped}

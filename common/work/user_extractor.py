@@ -117,7 +117,6 @@ class UserExtractor:
         self._lock = threading.Lock()
         self._children: set[ChildProcess] = set()
         self._counts = {"timeout": 0, "crash": 0}
-        self._closed = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> UserExtractor | None:
@@ -174,14 +173,10 @@ class UserExtractor:
             answer = self.inline.run(fields, body, root, fields["url"])
         except MemoryError:
             answer = {"crashed": "MemoryError (HANDLER_ISOLATION=inline: no limit of its own)"}
-        if answer is None or "crashed" in answer:
-            kind = "timeout" if answer is None else "crash"
-            text = (f"timeout: over HANDLER_TIMEOUT_S ({self.timeout_s:g} s); stopped"
-                    if answer is None else f"crashed: {answer['crashed']}")
-            with self._lock:
-                self._counts[kind] += 1
-            logger.warning("%s %s: %s", self.kind, self.value, text)
-            return Reply(error=text, failure=kind)
+        if answer is None:
+            return self._stopped("timeout", self._timeout_text())
+        if "crashed" in answer:
+            return self._stopped("crash", f"crashed: {answer['crashed']}")
         return _reply(answer)
 
     def _exchange(self, child: ChildProcess, head: bytes, body: bytes) -> Reply:
@@ -197,8 +192,7 @@ class UserExtractor:
             child.conn.send_bytes(body)
             left_s = self.timeout_s - (time.monotonic() - started)
             if left_s <= 0 or not _readable(child.conn, left_s):
-                return self._failed(child, "timeout", (
-                    f"timeout: over HANDLER_TIMEOUT_S ({self.timeout_s:g} s); stopped"))
+                return self._failed(child, "timeout", self._timeout_text())
             raw = child.conn.recv_bytes(REPLY_MAX_BYTES)
         except (EOFError, BrokenPipeError, ConnectionResetError):
             return self._failed(child, "crash", f"crashed: {child.death()}")
@@ -269,11 +263,18 @@ class UserExtractor:
         """Kill ``child``, count ``kind``, and start its successor now: it imports while the
         loop goes on, instead of on the next page's clock."""
         self._forget(child)
+        self._give_back(self._start())
+        return self._stopped(kind, text)
+
+    def _stopped(self, kind: str, text: str) -> Reply:
+        """Count a call stopped (``timeout``) or crashed (``crash``) and say so."""
         with self._lock:
             self._counts[kind] += 1
         logger.warning("%s %s: %s", self.kind, self.value, text)
-        self._give_back(self._start())
         return Reply(error=text, failure=kind)
+
+    def _timeout_text(self) -> str:
+        return f"timeout: over HANDLER_TIMEOUT_S ({self.timeout_s:g} s); stopped"
 
 
 def _reply(answer: dict[str, Any]) -> Reply:

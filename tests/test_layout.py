@@ -26,9 +26,10 @@ MAY_IMPORT = {
     "store": {"core"},
     "web": {"core", "store"},
     "intake": {"core", "broker", "store", "web"},
-    "work": {"core", "broker", "store", "web", "intake"},
+    "jobs": {"core", "broker", "store", "web", "intake"},
+    "work": {"core", "broker", "store", "web", "intake", "jobs"},
     "sink": {"core", "store"},
-    "ops": {"core", "broker", "store", "web", "intake", "work", "sink"},
+    "ops": {"core", "broker", "store", "web", "intake", "jobs", "work", "sink"},
 }
 MAX_MODULE_LINES = 350
 MAX_ENTRY_SCRIPT_LINES = 120

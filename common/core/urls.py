@@ -102,6 +102,13 @@ def fingerprint(canonical_url: str) -> Fingerprint:
     return Fingerprint(hashlib.blake2b(canonical_url.encode("utf-8"), digest_size=16).digest())
 
 
+def job_fingerprint(canonical_url: str, scope: str | None) -> Fingerprint:
+    """Fingerprint of a URL within a job's run (``scope`` "name/run"): the same URL in two
+    jobs, or two runs of one, is two URLs to dedupe and to record once each. ``None``: the
+    default job, the plain :func:`fingerprint` (what every command without a job used)."""
+    return fingerprint(f"{canonical_url}#job:{scope}" if scope else canonical_url)
+
+
 def domain_of(url: str) -> str:
     """The host a URL is fetched from (lower-case, no port, canonical as in
     :func:`canonical_host`): the unit of politeness. A host that is not valid is returned

@@ -5,6 +5,7 @@ variable's name."""
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -210,3 +211,40 @@ def redis_url(raw: str) -> str:
     if urlsplit(raw).scheme.lower() in CLUSTER_SCHEMES:
         raise ValueError(CLUSTER_REFUSED)
     return url_with_scheme("redis", "rediss", "unix")(raw)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str, minimum: int = 1) -> int:
+    """``90``, ``90s``, ``15m``, ``6h``, ``1d``, ``2w`` → whole seconds (>= ``minimum``).
+
+    Raises:
+        ValueError: anything else.
+    """
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not match or (seconds := math.ceil(float(match[1]) * _UNIT_S[match[2]])) < minimum:
+        raise ValueError(f"expected a duration like 90s, 15m, 6h, 1d or 2w (at least "
+                         f"{minimum} s), got {text!r}")
+    return seconds
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)")
+_SIZE_UNIT = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9,
+              "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 1024, "mib": 1024**2,
+              "gib": 1024**3, "tib": 1024**4, "ki": 1024, "mi": 1024**2, "gi": 1024**3,
+              "ti": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``5000``, ``64KiB``, ``10MB``, ``2GiB`` → whole bytes (>= 1).
+
+    Raises:
+        ValueError: anything else.
+    """
+    match = _SIZE.fullmatch(text.strip().lower())
+    unit = _SIZE_UNIT.get(match[2]) if match else None
+    if unit is None or (size := math.ceil(float(match[1]) * unit)) < 1:
+        raise ValueError(f"expected a size like 5000, 64KiB, 10MB or 2GiB, got {text!r}")
+    return size

@@ -26,7 +26,7 @@ While it leads, a replica also runs ``learn`` (the root script passes a result-s
 which feeds what each result record says (:func:`common.intake.schedule.observation` and
 :func:`~common.intake.schedule.validators`) to :meth:`Schedule.learn`; it stops when the lease
 is lost. URLs get a schedule from ``scheduler.py add`` (any interval,
-:func:`parse_duration`) or ``scheduler.py sitemap`` (:func:`schedule_site`: seeded as
+:func:`~common.core.values.parse_duration`) or ``scheduler.py sitemap`` (:func:`schedule_site`: seeded as
 sitemap_producer.py does, each new URL's first interval from its ``changefreq``, else half the
 age of its ``lastmod``, else SCHEDULE_INTERVAL_S).
 """
@@ -34,8 +34,6 @@ age of its ``lastmod``, else SCHEDULE_INTERVAL_S).
 from __future__ import annotations
 
 import logging
-import math
-import re
 import threading
 import time
 import uuid
@@ -88,23 +86,6 @@ return 0
 #: sitemaps.org ``<changefreq>`` → first interval (Schedule.add clamps it to the min and max).
 CHANGEFREQ_S = {"always": 0, "hourly": 3600, "daily": 86400, "weekly": 7 * 86400,
                 "monthly": 30 * 86400, "yearly": 365 * 86400, "never": 10 ** 9}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_duration(text: str, minimum: int = 1) -> int:
-    """``90``, ``90s``, ``15m``, ``6h``, ``1d``, ``2w`` → whole seconds (>= ``minimum``).
-
-    Raises:
-        ValueError: anything else.
-    """
-    match = _DURATION.fullmatch(text.strip().lower())
-    if not match or (seconds := math.ceil(float(match[1]) * _UNIT_S[match[2]])) < minimum:
-        raise ValueError(f"expected a duration like 90s, 15m, 6h, 1d or 2w (at least "
-                         f"{minimum} s), got {text!r}")
-    return seconds
-
-
 def first_interval(default_s: int, changefreq: str | None, lastmod: datetime | None,
                    now: datetime) -> float:
     """A sitemap URL's first interval: its ``changefreq``, else half the age of its

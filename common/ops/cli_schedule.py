@@ -14,6 +14,7 @@ from functools import partial
 
 from common.core.config import Settings
 from common.core.errors import InvalidURL
+from common.core.values import parse_duration
 from common.intake import recrawler as rc
 from common.intake.producer import Producer
 from common.intake.schedule import Schedule
@@ -32,9 +33,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     add = commands.add_parser("add", help="schedule URLs (canonicalised)")
     add.add_argument("urls", nargs="*", help="URLs; '-' reads them from stdin")
     add.add_argument("-f", "--file", action="append", default=[], help="one URL a line")
-    add.add_argument("--interval", type=cli.argument(rc.parse_duration), metavar="DURATION",
+    add.add_argument("--interval", type=cli.argument(parse_duration), metavar="DURATION",
                      help="first interval: 90s, 15m, 6h, 1d, 2w (default SCHEDULE_INTERVAL_S)")
-    add.add_argument("--delay", type=cli.argument(partial(rc.parse_duration, minimum=0)),
+    add.add_argument("--delay", type=cli.argument(partial(parse_duration, minimum=0)),
                      default=0, metavar="DURATION", help="first visit after this (default 0)")
     add.add_argument("--keep", action="store_true", help="leave scheduled URLs as they are")
     site = commands.add_parser("sitemap", help="seed and schedule the URLs of sitemaps")

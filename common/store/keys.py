@@ -81,6 +81,27 @@
                              its Redis ms clock), kept STATUS_READINGS_KEEP_S: the rate of the
                              last minute while a sink trims the streams (common/ops/
                              crawl_progress.py). PX one hour after the last status call.
+    jobs                     HASH job name -> its definition (JSON of
+                             :class:`common.jobs.spec.JobSpec`), written with its state in one
+                             MULTI: a job is submitted whole or not at all.
+    jobs:version             STRING counter, INCR on every job definition or state change:
+                             workers reload their job book when it moved (the admit script
+                             returns it with a job's state, no extra round trip).
+    job:{name}               HASH, the job's state: state (created, running, paused, finished,
+                             cancelled), run (current run number, 0 before the first), reason
+                             (why it ended), submitted, started, ended (ms), next_run (ms, a
+                             scheduled job's next run), seeded (the run whose seeds are all
+                             published).
+    job:{name}:seeds         LIST of the job's seed URLs (from its file's urls and files).
+    job:{name}:run:{n}       HASH, run n's counters: known (URLs accepted by its dedupe),
+                             results, failed, failed:{reason}, cancelled, expired, paused,
+                             bytes; started, ended (ms).
+    job:{name}:parked        ZSET of a paused job's work messages (member as ``deferred``'s,
+                             score = when parked), moved to ``deferred`` by resume.
+    jobs:webhooks            ZSET of webhook deliveries due (member JSON {job, run, url,
+                             attempt}, score = when due, ms), sent by the job runner.
+    jobs:lease               STRING "token:owner", the job runner's lease (one runner seeds,
+                             schedules and finishes jobs), as ``schedule:lease``.
 
 ``{url}`` is the canonical URL; ``{origin}`` is scheme://host[:port]; ``{domain}`` the host.
 """
@@ -170,3 +191,27 @@ def worker_key(worker_id: str) -> str:
 
 
 STATUS_READINGS = "status:readings"
+
+
+JOBS = "jobs"
+JOBS_VERSION = "jobs:version"
+JOBS_WEBHOOKS = "jobs:webhooks"
+JOBS_LEASE = "jobs:lease"
+
+
+def job_key(name: str) -> str:
+    """The state hash of job ``name``."""
+    return f"job:{name}"
+
+
+def job_seeds_key(name: str) -> str:
+    return f"job:{name}:seeds"
+
+
+def job_run_key(name: str, run: int) -> str:
+    """The counters of run ``run`` of job ``name``."""
+    return f"job:{name}:run:{run}"
+
+
+def job_parked_key(name: str) -> str:
+    return f"job:{name}:parked"

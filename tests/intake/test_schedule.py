@@ -13,13 +13,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from common.broker.messages import WorkMessage
+from common.core.values import parse_duration
 from common.intake.recrawler import (
     Learner,
     Lease,
     Recrawler,
     RecrawlProducer,
     first_interval,
-    parse_duration,
     schedule_entries,
 )
 from common.intake.schedule import Schedule, observation, validators

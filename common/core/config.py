@@ -37,6 +37,7 @@ from common.core.settings import (
     ExtractSettings,
     FetchSettings,
     IntakeSettings,
+    JobSettings,
     OpsSettings,
     PageLimitSettings,
     PolitenessSettings,
@@ -59,7 +60,7 @@ G = TypeVar("G", bound=SettingsGroup)
 # base first, so the fields (and KNOBS, README's table, the compose blocks) run from
 # BrokerSettings to OpsSettings.
 @dataclass(frozen=True, repr=False)
-class Settings(OpsSettings, RecrawlSettings, SinkSettings, PressureSettings, PageLimitSettings,
+class Settings(OpsSettings, JobSettings, RecrawlSettings, SinkSettings, PressureSettings, PageLimitSettings,
                ArchiveSettings, ExtractSettings, CrawlSettings, BackoffSettings, CacheSettings,
                PolitenessSettings, IntakeSettings, StateSettings, FetchSettings,
                WorkerSettings, ReconnectSettings, RedisSettings, BrokerSettings):

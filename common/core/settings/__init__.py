@@ -26,7 +26,12 @@ from common.core.settings.fetching import (
     StateSettings,
     WorkerSettings,
 )
-from common.core.settings.outputs import OpsSettings, RecrawlSettings, SinkSettings
+from common.core.settings.outputs import (
+    JobSettings,
+    OpsSettings,
+    RecrawlSettings,
+    SinkSettings,
+)
 from common.core.settings.pages import (
     ArchiveSettings,
     CrawlSettings,
@@ -37,7 +42,7 @@ from common.core.settings.pages import (
 
 __all__ = [
     "ArchiveSettings", "BackoffSettings", "BrokerSettings", "CacheSettings", "CrawlSettings",
-    "ExtractSettings", "FetchSettings", "IntakeSettings", "Knob", "OpsSettings",
+    "ExtractSettings", "FetchSettings", "IntakeSettings", "JobSettings", "Knob", "OpsSettings",
     "PageLimitSettings", "PolitenessSettings", "PressureSettings", "ReconnectSettings",
     "RecrawlSettings", "RedisSettings", "SettingsGroup", "SinkSettings", "StateSettings",
     "WorkerSettings", "setting",

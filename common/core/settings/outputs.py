@@ -75,6 +75,30 @@ class RecrawlSettings(SettingsGroup):
 
 
 @dataclass(frozen=True, repr=False)
+class JobSettings(SettingsGroup):
+    """Jobs: the job runner (in `scrape-fleet schedule run`) and its webhooks."""
+
+    job_tick_s: float = setting(
+        "JOB_TICK_S", values.positive_float, "1",
+        "How often the job runner starts due runs, checks running jobs for their end and "
+        "limits, and sends due webhooks.")
+    job_quiet_s: float = setting(
+        "JOB_QUIET_S", values.positive_float, "3",
+        "A run is finished once nothing is left and its counters and the workers' in-flight "
+        "pages showed none of it for this long.")
+    job_webhook_hosts: str = setting(
+        "JOB_WEBHOOK_HOSTS", values.text, "",
+        "Comma-separated hosts a job's webhooks may post to (and their subdomains); a job "
+        "naming another is refused at submission. Empty: no webhooks.")
+    job_webhook_attempts: int = setting(
+        "JOB_WEBHOOK_ATTEMPTS", values.positive_int, "6",
+        "Tries of one webhook POST (backoff 2, 4, 8 … s) before it is dropped and logged.")
+    job_webhook_timeout_s: float = setting(
+        "JOB_WEBHOOK_TIMEOUT_S", values.positive_float, "10",
+        "Time one webhook POST may take.")
+
+
+@dataclass(frozen=True, repr=False)
 class OpsSettings(SettingsGroup):
     """Operating the fleet: metrics, heartbeats, the management API, logs."""
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from common.broker.messages import WorkMessage
+    from common.jobs.registry import JobRef
     from common.store.marks import DoneMark, Retime
     from common.web.fetch import FetchResult
     from common.web.ratelimit import Admission
@@ -31,6 +32,7 @@ class Trip:
     message: WorkMessage | None = None  # Decode: the message
     url: str = ""  # Decode: the canonical URL
     headers: dict[str, str] | None = None  # Decode: the request's own headers (checked)
+    job: JobRef | None = None  # Decode: the message's job and run (None: the default job)
     progress: Progress | None = None  # Arrive: its stage (poison.py)
     rules: RobotsRules | None = None  # Robots: the origin's robots.txt (None: not asked)
     done: DoneMark | None = None  # Admit: the URL's done mark

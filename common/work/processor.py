@@ -44,6 +44,7 @@ from common.web.ratelimit import RateLimiter
 from common.web.robots import robots_fetcher
 from common.work.expired import release_expired
 from common.work.giving_up import GivingUp
+from common.work.job_book import JobBook
 from common.work.outcome import Outcome
 from common.work.poison import PoisonGuard, StuckWatch
 from common.work.redirects import Redirects
@@ -71,6 +72,7 @@ class Processor:
     def __init__(self, settings: Settings, client: redis.Redis,
                  fetcher: Fetcher | None = None) -> None:
         self.client = client
+        self.jobs = jobs = JobBook(settings, client)  # each job's definition and settings
         self.fetcher = fetcher or Fetcher(settings)
         limiter = RateLimiter(client, settings)
         results = ResultStore(client, settings.results_maxlen)
@@ -90,16 +92,16 @@ class Processor:
         self.decode = Decode.from_settings(settings)
         self.arrive = Arrive(self.poison, self.watch)
         self.wait = Wait.from_settings(settings)
-        self.robots = Robots(self.gate)
-        self.admit = Admit.from_settings(settings, limiter, results, give_up, client)
+        self.robots = Robots(self.gate, jobs)
+        self.admit = Admit.from_settings(settings, limiter, results, give_up, client, jobs)
         self.fetch = Fetch(self.fetcher, limiter)
         self.archive = Archive.from_settings(settings)
         self.hand_off = HandOff.from_settings(settings, Redirects(settings, client, follower),
                                               results)
         self.classify = Classify()
-        self.read = Read.from_settings(settings)
-        self.follow = Follow(follower)
-        self.record = Record.from_settings(settings, results)
+        self.read = Read.from_settings(settings, jobs)
+        self.follow = Follow(follower, jobs)
+        self.record = Record.from_settings(settings, results, jobs)
 
     def process(self, body: bytes, queue: str, redelivered: bool = False) -> Outcome:
         """The outcome of one work-queue delivery; ``redelivered``: the broker's flag (a

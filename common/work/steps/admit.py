@@ -22,6 +22,7 @@ from common.web import multi
 from common.web.ratelimit import RateLimiter
 from common.work import metrics
 from common.work.giving_up import GivingUp
+from common.work.job_book import JobBook
 from common.work.outcome import DeadLetter, Outcome, Park, wait_left_ms, waited_too_long
 from common.work.steps.trip import Trip
 
@@ -30,7 +31,9 @@ logger = logging.getLogger(__name__)
 
 class Admit:
     def __init__(self, limiter: RateLimiter, results: ResultStore, give_up: GivingUp,
-                 client: redis.Redis, *, use_cache: bool, max_wait_s: float) -> None:
+                 client: redis.Redis, *, use_cache: bool, max_wait_s: float,
+                 jobs: JobBook | None = None) -> None:
+        self.jobs = jobs  # the jobs' states come back with the admission
         self.limiter = limiter
         self.results = results
         self.give_up = give_up
@@ -40,9 +43,10 @@ class Admit:
 
     @classmethod
     def from_settings(cls, settings: Settings, limiter: RateLimiter, results: ResultStore,
-                      give_up: GivingUp, client: redis.Redis) -> Admit:
+                      give_up: GivingUp, client: redis.Redis,
+                      jobs: JobBook | None = None) -> Admit:
         return cls(limiter, results, give_up, client, use_cache=settings.cache_ttl_s > 0,
-                   max_wait_s=settings.max_wait_s)
+                   max_wait_s=settings.max_wait_s, jobs=jobs)
 
     def take_turn(self, trip: Trip) -> Outcome | Park | DeadLetter | None:
         """Set ``trip.done``, ``trip.domain`` and ``trip.admission`` (and ``trip.response``

@@ -13,13 +13,15 @@ import redis
 
 from common.core.config import Settings
 from common.intake.crawl import LinkFollower
+from common.work.job_book import JobBook
 from common.work.outcome import Outcome
 from common.work.redirects import scope_of
 from common.work.steps.trip import Trip
 
 
 class Follow:
-    def __init__(self, follower: LinkFollower | None) -> None:
+    def __init__(self, follower: LinkFollower | None, jobs: JobBook | None = None) -> None:
+        self.jobs = jobs  # a job's own crawl settings
         self.follower = follower  # None: no crawl mode, handlers or EXTRACTOR: nothing to follow
 
     @staticmethod

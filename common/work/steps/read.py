@@ -8,18 +8,20 @@ watch may end (common/work/poison.py). Nothing is stored or enqueued here.
 from __future__ import annotations
 
 from common.core.config import Settings
+from common.work.job_book import JobBook
 from common.work.outcome import Outcome
 from common.work.page_record import PageReader
 from common.work.steps.trip import Trip
 
 
 class Read:
-    def __init__(self, pages: PageReader) -> None:
+    def __init__(self, pages: PageReader, jobs: JobBook | None = None) -> None:
         self.pages = pages
+        self.jobs = jobs  # a job's own rules, user code and crawl mode
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Read:
-        return cls(PageReader(settings))  # EXTRACT_RULES, HANDLERS, EXTRACTOR: ConfigError
+    def from_settings(cls, settings: Settings, jobs: JobBook | None = None) -> Read:
+        return cls(PageReader(settings), jobs)  # EXTRACT_RULES, HANDLERS, EXTRACTOR: ConfigError
 
     def read_page(self, trip: Trip) -> Outcome | None:
         """Set ``trip.read``: the page's record, its links to follow, the user code's call."""

@@ -13,6 +13,7 @@ from common.store.results import ResultStore
 from common.web import cache as response_cache
 from common.web import multi
 from common.work import metrics
+from common.work.job_book import JobBook
 from common.work.outcome import Outcome
 from common.work.record import bound
 from common.work.steps.trip import Trip
@@ -20,16 +21,19 @@ from common.work.steps.trip import Trip
 
 class Record:
     def __init__(self, results: ResultStore, *, max_record_bytes: int, cache_ttl_s: int,
-                 cache_max_bytes: int) -> None:
+                 cache_max_bytes: int, jobs: JobBook | None = None) -> None:
+        self.jobs = jobs
         self.results = results
         self.max_record_bytes = max_record_bytes
         self.cache_ttl_s = cache_ttl_s  # 0: no cache
         self.cache_max_bytes = cache_max_bytes
 
     @classmethod
-    def from_settings(cls, settings: Settings, results: ResultStore) -> Record:
+    def from_settings(cls, settings: Settings, results: ResultStore,
+                      jobs: JobBook | None = None) -> Record:
         return cls(results, max_record_bytes=settings.max_record_bytes,
-                   cache_ttl_s=settings.cache_ttl_s, cache_max_bytes=settings.cache_max_bytes)
+                   cache_ttl_s=settings.cache_ttl_s, cache_max_bytes=settings.cache_max_bytes,
+                   jobs=jobs)
 
     def record_page(self, trip: Trip) -> Outcome:
         """Store the page's record: the outcome of the delivery."""

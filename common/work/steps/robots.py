@@ -8,14 +8,16 @@ fetches an origin's robots.txt, the others park their URL meanwhile). Rules that
 
 from __future__ import annotations
 
+from common.work.job_book import JobBook
 from common.work.outcome import DeadLetter, Failure, Park, Retry
 from common.work.robots_gate import RobotsGate
 from common.work.steps.trip import Trip
 
 
 class Robots:
-    def __init__(self, gate: RobotsGate | None) -> None:
+    def __init__(self, gate: RobotsGate | None, jobs: JobBook | None = None) -> None:
         self.gate = gate  # None: ROBOTS_ENABLED is off, every URL passes
+        self.jobs = jobs  # a job's own ROBOTS_ENABLED
 
     def ask_robots(self, trip: Trip) -> Park | Retry | DeadLetter | None:
         """Set ``trip.rules``; park, retry or dead-letter a URL they do not let through."""

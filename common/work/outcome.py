@@ -9,7 +9,11 @@ A fetch task decides an :class:`Outcome` for each delivery; the I/O thread carri
 * ``dead_letter``   publish to ``failed_urls`` with headers (common/broker/deadletter.py): ack
                     once confirmed;
 * ``released``      an expired message whose fingerprint was released: ack;
-* ``already_done``  a redelivery of a URL whose outcome is recorded: ack, nothing else.
+* ``already_done``  a redelivery of a URL whose outcome is recorded: ack, nothing else;
+* ``paused``        a paused job's message, stored in ``job:{name}:parked`` (resumed from
+                    there): ack, nothing published;
+* ``cancelled``     a message of a job's run that is no longer running (cancelled, finished,
+                    deleted, an older run), its outcome counted: ack, nothing else.
 
 A step of the worker's journey (common/work/steps/) that ends a delivery without a result
 returns an :data:`Ending` instead (:class:`Park`, :class:`Retry`, :class:`DeadLetter`): what
@@ -29,7 +33,8 @@ from common.broker.messages import WorkMessage
 from common.core.redact import LOG_VALUE_MAX_CHARS, clip
 from common.store.marks import DoneMark, Retime
 
-OutcomeKind = Literal["result", "delay", "dead_letter", "released", "already_done"]
+OutcomeKind = Literal["result", "delay", "dead_letter", "released", "already_done", "paused",
+                      "cancelled"]
 
 
 @dataclass(frozen=True)

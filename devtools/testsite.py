@@ -23,7 +23,9 @@ A whole site pushing back: ``site.refuse_next(n, 429, retry_after_s=None)`` answ
 ``n`` requests (any path but /robots.txt) with that status; ``site.latency_s`` (settable while
 serving) slows every answer down.
 
-Every request is logged (:attr:`TestSite.log`) before it is answered.
+Every request is logged (:attr:`TestSite.log`) before it is answered, and again with the time
+its answer was written (:attr:`TestSite.answered`): a request is in flight between the two.
+POST is served like GET (custom routes usually); its body is in :attr:`RequestRecord.body`.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class RequestRecord:
         client: (address, port) of the client.
         headers: all request headers (last value wins).
         header_lines: every header line as sent, repeats included.
+        body: the request body (a POST's; empty for GET and HEAD).
     """
 
     monotonic_s: float
@@ -73,6 +76,7 @@ class RequestRecord:
     client: tuple[str, int]
     headers: dict[str, str] = field(default_factory=dict)
     header_lines: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
 
     @property
     def user_agent(self) -> str:
@@ -128,6 +132,7 @@ class TestSite(Managed):
         self.latency_s = latency_s
         self._routes: dict[str, Handler] = {}
         self._log: list[RequestRecord] = []
+        self._answered: list[tuple[RequestRecord, float]] = []
         self._flaky_counts: dict[str, int] = {}
         self._refusals: list[Response] = []
         self.refused: list[RequestRecord] = []  # the requests refuse_next answered
@@ -202,6 +207,13 @@ class TestSite(Managed):
         with self._lock:
             return list(self._log)
 
+    @property
+    def answered(self) -> list[tuple[RequestRecord, float]]:
+        """Each answered request with ``time.monotonic()`` once its answer was written,
+        oldest answer first (a request cut off mid-answer is not in it)."""
+        with self._lock:
+            return list(self._answered)
+
     def requests_for(self, path_prefix: str | None = None) -> list[RequestRecord]:
         """Logged requests whose path starts with ``path_prefix`` (all when None)."""
         with self._lock:
@@ -216,6 +228,7 @@ class TestSite(Managed):
         """Forget logged requests and /flaky counters."""
         with self._lock:
             self._log.clear()
+            self._answered.clear()
             self._flaky_counts.clear()
 
     def refuse_next(self, count: int, status: int = 429,
@@ -231,6 +244,10 @@ class TestSite(Managed):
     def _record(self, record: RequestRecord) -> None:
         with self._lock:
             self._log.append(record)
+
+    def _record_answer(self, record: RequestRecord) -> None:
+        with self._lock:
+            self._answered.append((record, time.monotonic()))
 
     def _flaky_hit(self, key: str) -> int:
         with self._lock:
@@ -401,12 +418,13 @@ def _make_handler(site: TestSite) -> type[BaseHTTPRequestHandler]:
         server_version = "fleet-testsite/1"
         timeout = 30  # idle keep-alive connections are closed after this
 
-        def _serve(self, with_body: bool) -> None:
+        def _serve(self, with_body: bool, request_body: bytes = b"") -> None:
             record = RequestRecord(
                 monotonic_s=time.monotonic(), wall_time_s=time.time(), method=self.command,
                 path=self.path, host=self.headers.get("Host", ""),
                 client=(self.client_address[0], int(self.client_address[1])),
                 headers=dict(self.headers.items()), header_lines=list(self.headers.items()),
+                body=request_body,
             )
             site._record(record)
             if site.latency_s > 0:
@@ -423,9 +441,15 @@ def _make_handler(site: TestSite) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if with_body and body:
                 self.wfile.write(body)
+            self.wfile.flush()
+            site._record_answer(record)
 
         def do_GET(self) -> None:
             self._serve(with_body=True)
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            self._serve(with_body=True, request_body=self.rfile.read(length) if length else b"")
 
         def do_HEAD(self) -> None:
             self._serve(with_body=False)

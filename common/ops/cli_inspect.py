@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 
 from common.broker.connection import connect_rabbitmq
 from common.core.config import Settings
-from common.ops import cli, dlq, stats
+from common.ops import cli, dlq, stats, status_counts
 from common.ops.status_view import fitted_size
 from common.store.connection import connect_redis
 
@@ -41,6 +42,8 @@ def status_main(settings: Settings, argv: list[str] | None = None,
             except KeyboardInterrupt:
                 return cli.EXIT_OK
         snapshot = stats.collect(settings, connection, client)
+        if "jobs" not in snapshot:
+            snapshot["jobs"] = status_counts.jobs(client)
     finally:
         if connection.is_open:
             connection.close()
@@ -55,12 +58,20 @@ def dlq_args(argv: list[str] | None = None, prog: str | None = None) -> argparse
     listing = sub.add_parser("list", help="show dead letters without removing them")
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--json", action="store_true", help="JSON lines, one per message")
-    again = sub.add_parser("replay", help="send dead letters back through routing")
+    listing.add_argument("--job", metavar="NAME", help="only the dead letters of this job")
+    listing.add_argument("--run", type=cli.positive_int, metavar="N",
+                         help="with --job: only those of its run N")
+    again = sub.add_parser("replay", help="send dead letters back through routing (a job's "
+                           "back into its run, while that run is running)")
     again.add_argument("--reason", help="only messages with this reason (e.g. max_retries)")
     again.add_argument("--limit", type=int, default=None)
+    again.add_argument("--job", metavar="NAME", help="only the dead letters of this job")
     purge = sub.add_parser("purge", help="delete every dead letter")
     purge.add_argument("--yes", action="store_true", help="really purge")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if getattr(args, "run", None) and not args.job:
+        parser.error("--run needs --job NAME")
+    return args
 
 
 def dlq_main(settings: Settings, argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -69,14 +80,15 @@ def dlq_main(settings: Settings, argv: list[str] | None = None, prog: str | None
     connection = connect_rabbitmq(settings)
     try:
         if args.command == "list":
-            letters = dlq.browse(connection, args.limit)
+            letters = dlq.browse(connection, args.limit, job=args.job, run=args.run)
             if args.json:
                 if letters:
                     print(dlq.to_json_lines(letters))
                 return cli.EXIT_OK
             for letter in letters:
                 h = letter.as_dict()
-                line = (f"{letter.reason:<20} attempts={h.get('attempts', 0)} "
+                job = f"job={letter.job.name}/{letter.job.run} " if letter.job else ""
+                line = (f"{letter.reason:<20} {job}attempts={h.get('attempts', 0)} "
                         f"status={h.get('last_status', '-')} {letter.url}  "
                         f"{h.get('last_error', '')}")
                 print(cli.escape_controls(line))  # URLs and errors came from outside
@@ -84,10 +96,13 @@ def dlq_main(settings: Settings, argv: list[str] | None = None, prog: str | None
             return cli.EXIT_OK
         if args.command == "replay":
             summary = dlq.replay(settings, connection, connect_redis(settings),
-                                 reason=args.reason, limit=args.limit)
+                                 reason=args.reason, limit=args.limit, job=args.job)
             print(f"replayed={summary.matched} unreplayable={summary.skipped_unreplayable} "
-                  f"{summary.produced.line()}")
-            return cli.EXIT_PARTIAL if summary.produced.failed else cli.EXIT_OK
+                  f"refused={sum(summary.refused.values())} {summary.produced.line()}")
+            for why, n in summary.refused.items():
+                print(f"refused {n}: {why}; they stay in the queue", file=sys.stderr)
+            return (cli.EXIT_PARTIAL if summary.produced.failed or summary.refused
+                    else cli.EXIT_OK)
         if not args.yes:
             print("purge deletes every dead letter: add --yes")
             return cli.EXIT_CONFIG

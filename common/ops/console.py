@@ -53,6 +53,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                  "recrawl URLs on an adaptive schedule (scheduler.py)"),
     "reparse": ("common.ops.reparse", "reparse_main",
                 "results again from archived WARC files, no fetching (reparse.py)"),
+    "job": ("common.ops.cli_job", "job_main",
+            "submit, follow, pause, resume, cancel a job and read its results"),
     "try": ("common.ops.cli_try", "try_main",
             "what your rules and handlers give on one page, no fleet needed"),
 }

@@ -10,6 +10,12 @@ A dead letter's body may hold anything (a poison message): what is listed is esc
 standard output cannot encode it (a lone surrogate from a ``\\ud800`` in the JSON, any
 non-ASCII character on an ASCII terminal) as backslash escapes, so ``dlq list`` prints every
 letter; replay uses the URL as the body holds it.
+
+A job's dead letter carries its job and run in its body (``job``, ``run``): ``list --job``
+and ``replay --job`` pick them. Replaying one forgets its run's done mark and seen fingerprint
+(both scoped to the run, common/core/urls.py ``job_fingerprint``) and republishes it into that
+run, only while the run is the job's running one: a letter of a paused, ended or older run is
+refused and stays in the queue (its run has counted it as failed; a new run seeds afresh).
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from common.broker import topology
 from common.broker.messages import WorkMessage
 from common.core.config import Settings
 from common.core.errors import BadMessage, InvalidURL
-from common.core.urls import canonicalize, fingerprint
+from common.core.urls import canonicalize, job_fingerprint
 from common.intake.producer import Producer, ProduceSummary
+from common.jobs.registry import JobRef, JobRegistry, JobStateError
 from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import failures_key
 
@@ -43,10 +50,19 @@ class DeadLetter:
     headers: dict[str, Any]
     body: bytes
     raw_url: str = ""
+    job: JobRef | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"url": self.url, "reason": self.reason,
+                **({"job": self.job.name, "run": self.job.run} if self.job else {}),
                 **{k: _shown(_plain(v)) for k, v in self.headers.items() if k != "reason"}}
+
+    def of(self, job: str | None, run: int | None = None) -> bool:
+        """Whether it is a dead letter of ``job`` (None: any) and ``run`` (None: any)."""
+        if job is None:
+            return True
+        return (self.job is not None and self.job.name == job
+                and (run is None or self.job.run == run))
 
 
 @dataclass
@@ -54,6 +70,8 @@ class ReplaySummary:
     matched: int = 0
     skipped_unreplayable: int = 0
     produced: ProduceSummary = field(default_factory=ProduceSummary)
+    #: letters of a run that is not running, left in the queue: why, and how many
+    refused: dict[str, int] = field(default_factory=dict)
 
 
 def _plain(value: Any) -> Any:
@@ -79,16 +97,20 @@ def _shown(value: Any) -> Any:
 
 def _decode(body: bytes, headers: dict[str, Any] | None) -> DeadLetter:
     headers = dict(headers or {})
+    job = None
     try:
-        url = WorkMessage.from_json(body).url
+        message = WorkMessage.from_json(body)
+        url, job = message.url, JobRef.of(message.extra)
     except BadMessage:
         url = "<unparsable>"
     return DeadLetter(url=_shown(url), reason=_shown(str(_plain(headers.get("reason", "unknown")))),
-                      headers=headers, body=body, raw_url=url)
+                      headers=headers, body=body, raw_url=url, job=job)
 
 
-def browse(connection: pika.BlockingConnection, limit: int | None = None) -> list[DeadLetter]:
-    """Up to ``limit`` dead letters, oldest first, leaving the queue as it was."""
+def browse(connection: pika.BlockingConnection, limit: int | None = None, *,
+           job: str | None = None, run: int | None = None) -> list[DeadLetter]:
+    """Up to ``limit`` dead letters (of ``job`` and ``run`` when given), oldest first, leaving
+    the queue as it was."""
     channel = connection.channel()
     try:
         out = []
@@ -96,7 +118,9 @@ def browse(connection: pika.BlockingConnection, limit: int | None = None) -> lis
             method, props, body = channel.basic_get(topology.FAILED_QUEUE, auto_ack=False)
             if method is None:
                 break
-            out.append(_decode(body, props.headers))
+            letter = _decode(body, props.headers)
+            if letter.of(job, run):
+                out.append(letter)
         return out
     finally:
         channel.close()  # unacked messages go back to the queue in their order
@@ -107,39 +131,73 @@ def count_by_reason(letters: list[DeadLetter]) -> dict[str, int]:
 
 
 def replay(settings: Settings, connection: pika.BlockingConnection, client: redis.Redis,
-           *, reason: str | None = None, limit: int | None = None) -> ReplaySummary:
-    """Send matching dead letters back through routing; ack each once it is re-published."""
+           *, reason: str | None = None, limit: int | None = None,
+           job: str | None = None) -> ReplaySummary:
+    """Send matching dead letters back through routing, each into its own job's run (the
+    default job's as before); ack each once it is re-published. ``job``: that job's only.
+
+    A job's letter is replayed only while its run is the job's running one; the others stay
+    in the queue, counted in ``refused`` by why.
+    """
     summary = ReplaySummary()
     channel = connection.channel()
-    matched: list[tuple[int, str]] = []
+    groups: dict[JobRef | None, list[tuple[int, str]]] = {}
+    registry = JobRegistry(client)
+    refusals: dict[JobRef, str | None] = {}
     try:
-        while limit is None or len(matched) < limit:
+        while limit is None or summary.matched < limit:
             method, props, body = channel.basic_get(topology.FAILED_QUEUE, auto_ack=False)
             if method is None:
                 break
             letter = _decode(body, props.headers)
-            if reason is not None and letter.reason != reason:
+            if (reason is not None and letter.reason != reason) or not letter.of(job):
                 continue  # stays unacked: back in the queue when the channel closes
             if letter.raw_url == "<unparsable>":
                 summary.skipped_unreplayable += 1
                 continue
-            matched.append((method.delivery_tag, letter.raw_url))
-        summary.matched = len(matched)
-        if not matched:
+            if letter.job is not None:
+                if letter.job not in refusals:
+                    refusals[letter.job] = _refusal(registry, letter.job)
+                why = refusals[letter.job]
+                if why is not None:
+                    summary.refused[why] = summary.refused.get(why, 0) + 1
+                    continue
+            groups.setdefault(letter.job, []).append((method.delivery_tag, letter.raw_url))
+            summary.matched += 1
+        if not groups:
             return summary
-        _forget([url for _tag, url in matched], settings, client)
         with Producer(settings, client) as producer:
-            summary.produced = producer.submit(url for _tag, url in matched)
-        if summary.produced.failed == 0:
-            for tag, _url in matched:
-                channel.basic_ack(tag)
+            for ref, matched in groups.items():
+                _forget([url for _tag, url in matched], settings, client, ref)
+                urls = (url for _tag, url in matched)
+                produced = (producer.submit(urls) if ref is None
+                            else producer.submit(urls, job=ref))
+                summary.produced.merge(produced)
+                if produced.failed == 0:
+                    for tag, _url in matched:
+                        channel.basic_ack(tag)
         return summary
     finally:
         channel.close()
 
 
-def _forget(urls: list[str], settings: Settings, client: redis.Redis) -> None:
-    """Reset retry counters and release fingerprints, so replayed URLs count as new."""
+def _refusal(registry: JobRegistry, ref: JobRef) -> str | None:
+    """Why a dead letter of ``ref`` cannot go back into its run; None when it can."""
+    try:
+        state = registry.state(ref.name)
+    except JobStateError:
+        return f"job {ref.name} no longer exists"
+    if state.run != ref.run:
+        return f"run {ref.run} of job {ref.name} is over (the job is at run {state.run})"
+    if state.state != "running":
+        return f"run {ref.run} of job {ref.name} is {state.state}, not running"
+    return None
+
+
+def _forget(urls: list[str], settings: Settings, client: redis.Redis,
+            ref: JobRef | None = None) -> None:
+    """Reset retry counters and release fingerprints and done marks (the run's, for a job's
+    letters), so replayed URLs count as new."""
     canonical = []
     for url in urls:
         try:
@@ -147,9 +205,11 @@ def _forget(urls: list[str], settings: Settings, client: redis.Redis) -> None:
         except InvalidURL:
             continue  # goes back to the DLQ as invalid_url through the producer
     if canonical:
+        scope = ref.scope if ref else None
         client.delete(*(failures_key(url) for url in canonical))
-        SeenSet(client, settings.seen_buckets).remove_many([fingerprint(u) for u in canonical])
-        DoneSet(client, settings.seen_buckets).forget(canonical)
+        SeenSet(client, settings.seen_buckets).remove_many(
+            [job_fingerprint(u, scope) for u in canonical])
+        DoneSet(client, settings.seen_buckets).forget(canonical, scope=scope)
 
 
 def purge(connection: pika.BlockingConnection) -> int:

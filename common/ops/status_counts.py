@@ -15,7 +15,9 @@ what is still to do (common/ops/crawl_progress.py splits them into done / failed
   in ``stats:counters``, which replay, purge and the queue's 24 h TTL do not lower;
 - to do: the work queues' ready messages, the hold queues' (delayed), the deferred ZSETs'
   members (waiting and being released: their cardinalities, not the per-domain counts) and the
-  deliveries in flight at the workers.
+  deliveries in flight at the workers;
+- jobs: each job's current run from its own counters (common/jobs/progress.py); the default
+  job's view is the rest of the snapshot, as before jobs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import pika
 import redis
 
 from common.broker import topology
+from common.jobs import progress as job_progress
+from common.jobs.registry import JobRegistry
 from common.ops import dlq
 from common.store.keys import (
     DEFERRED,
@@ -123,6 +127,14 @@ def to_do(client: redis.Redis, queues: dict[str, dict[str, Any]], delayed: int,
     in_flight = min(reported, unaccounted) if unaccounted >= 0 else reported
     return {**parts, "in_flight": in_flight, "total": sum(parts.values()) + in_flight,
             "in_flight_reported": reported}
+
+
+def jobs(client: redis.Redis) -> list[dict[str, Any]]:
+    """Every job (a deleted one is gone from the registry) with its current run's figures:
+    state, run, known, done, failed, pages/s (from the readings earlier calls stored; none
+    on a first call, which does not wait for a second reading)."""
+    states = JobRegistry(client).states()
+    return [p.as_dict() for p in job_progress.measure(client, states)] if states else []
 
 
 def _text(value: bytes | str) -> str:

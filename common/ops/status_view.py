@@ -20,7 +20,10 @@ the terminal (top rows of domains and workers with ``+N more``, long lines cut).
   ``deliver_rate``; null without the management API), ``delayed``, ``seen``,
   ``pages_per_s_last_minute``, ``expired``, ``expired_waiting``, ``cache``,
   ``robots_blocked``, ``rate_limited``, ``retries``, ``user_code_stopped``, ``domains``,
-  ``throttled``, ``deferred``, ``workers``, ``pressure``, ``counters``.
+  ``throttled``, ``deferred``, ``workers``, ``pressure``, ``counters``;
+- ``jobs``: one object per job (common/jobs/progress.py ``RunProgress``): ``name``,
+  ``state``, ``run``, ``known``, ``done``, ``results``, ``failed``, ``failed_by_reason``,
+  ``cancelled``, ``expired``, ``pages_per_s`` (null until measured), ``eta_s``, ....
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ def render_rich(snapshot: dict[str, Any], width: int | None = None,
 
 def _lines(snapshot: dict[str, Any], width: int | None, height: int | None) -> list[str]:
     core = [*crawl_progress.progress_lines(snapshot["progress"], width),
-            _results_line(snapshot), *_dead_letter_lines(snapshot, width),
+            _results_line(snapshot), *_job_lines(snapshot.get("jobs") or []),
+            *_dead_letter_lines(snapshot, width),
             *_queue_lines(snapshot, height is not None), _counters_line(snapshot),
             *_pressure_lines(snapshot["pressure"], short=width is not None)]
     sections = [
@@ -131,6 +135,20 @@ def _results_line(snapshot: dict[str, Any]) -> str:
     if not detail.get("sinks"):
         line += f", {detail.get('in_stream', 0):,} in the stream (no sink)"
     return line
+
+
+def _job_lines(jobs: list[dict[str, Any]]) -> list[str]:
+    """``jobs: 2`` and a line per job; nothing when the fleet has none (the lines above are
+    the default job's, as before jobs)."""
+    if not jobs:
+        return []
+    lines = [f"jobs: {len(jobs)} (`scrape-fleet job show NAME`)"]
+    for job in jobs:
+        rate = "-" if job["pages_per_s"] is None else f"{job['pages_per_s']:g}"
+        lines.append(f"  job {job['name']}: {job['state']}, run {job['run']}, "
+                     f"{job['done']:,}/{job['known']:,} done, {rate} pages/s, "
+                     f"{job['failed']:,} failed")
+    return lines
 
 
 def _reasons(by_reason: dict[str, int]) -> str:

@@ -16,11 +16,16 @@ the others (NOTES.md). So the producer paces each domain at its rate (the limite
   one; they are published with confirms, then removed. A batch whose releaser died (kill -9)
   is claimed again when its lease runs out.
 
+A job's pace (``politeness.rate_limit``): its URLs take the run's own slots of each domain,
+``deferred:next:{name}/{run}:{domain}``, spaced at the stricter of its rate and the domain's;
+the fleet's per-domain limiter stays the ceiling of all jobs together. The lead burst: a job's
+first lead × rate URLs of a domain (about 20 at 2/s, DEFER_LEAD_S 10) are published at once and
+fetched at the domain's rate; its rate holds after them. Bodies (``job``, ``run``) unchanged.
+
 Crash guarantees: no URL is lost; one may be published twice only where the done mark makes
 it one outcome: a producer killed between deferring and marking seen defers it again on a
 rerun; a releaser killed between publishing and removing publishes it again a lease later.
 Both copies meet ``done:{b}`` (the admit check, the result script's SADD): one result.
-
 Member: ``"{domain} {queue} {ttl_ms or -}\\n{body}"``; the keys: common/store/keys.py.
 """
 
@@ -181,30 +186,31 @@ class Deferral:
     def enabled(self) -> bool:
         return self.lead_ms > 0
 
-    def defer(self, items: Sequence[Pending]) -> list[bool]:
+    def defer(self, items: Sequence[Pending], pace: tuple[str, Rate] | None = None
+              ) -> list[bool]:
         """Give every item its domain's next release slot, in one call; write those due later
         than the lead to ``deferred``. True for each item deferred (durably, in Redis). On a
-        redis.RedisError nothing was deferred (the script is atomic)."""
+        redis.RedisError nothing was deferred (the script is atomic). ``pace``: a job's run
+        scope ("name/run") and rate, whose own slots the items take (module doc)."""
         if not self.enabled or not items:
             return [False] * len(items)
         domains = list(dict.fromkeys(item.domain for item in items))
         number = {domain: i + 1 for i, domain in enumerate(domains)}
+        job_rate, slot_of = (pace[1], f"{pace[0]}:") if pace else (None, "")
         args: list[Any] = [self.lead_ms, len(domains)]
-        args += [spacing_ms(self.limiter.rate_for(d), self.guard) for d in domains]
+        args += [spacing_ms(self.limiter.rate_for(d).stricter(job_rate), self.guard)
+                 for d in domains]
         args += domains
         for item in items:
             args += [number[item.domain], item.member()]
         flags = self._defer(keys=[DEFERRED, DEFERRED_COUNTS,
-                                  *(deferred_next_key(d) for d in domains)], args=args)
+                                  *(deferred_next_key(slot_of + d) for d in domains)], args=args)
         return [flag == 1 for flag in flags]
 
 
 class Releaser:
-    """Moves due deferred messages into RabbitMQ: a daemon thread in every worker process.
-
-    It stops when ``stop`` is set or the thread that started it has ended (the worker's run
-    loop), finishing the batch it holds first.
-    """
+    """Moves due deferred messages into RabbitMQ: a daemon thread in every worker process. It
+    stops when ``stop`` is set or its starter (the worker's run loop) ended, batch finished."""
 
     def __init__(self, settings: Settings, stop: threading.Event,
                  client: redis.Redis | None = None) -> None:
@@ -260,12 +266,8 @@ class Releaser:
         return reply[1:], (self.poll_s if int(reply[0]) < 0 else int(reply[0]) / 1000)
 
     def release_once(self) -> tuple[int, float]:
-        """Claim one batch, publish it with confirms, remove what was confirmed.
-
-        Returns:
-            How many members were claimed, and seconds until the next is due (the poll
-            interval when none is).
-        """
+        """Claim one batch, publish it with confirms, remove what was confirmed. Returns how
+        many members were claimed, and seconds until the next is due (else the poll interval)."""
         self._keepalive()
         members, wait_s = self.claim()
         if not members:

@@ -22,6 +22,10 @@ queued and not marked seen, when the producer is given a :class:`HostCheck`
 Fairness (common/intake/defer.py): before publishing, one more Lua call gives each URL its
 domain's next release slot; URLs due later than DEFER_LEAD_S are written to Redis instead
 (``deferred``), which counts as their confirm, and the workers' releasers publish them on time.
+
+A job's URLs (``job=``, common/intake/job_intake.py) are deduped per run, carry ``job`` and
+``run``, count as its ``known`` in the mark-seen script, stop at ``limits.pages`` in the claim
+script (known + claimed: exact across producers and workers), take its pace and priority.
 """
 
 from __future__ import annotations
@@ -49,8 +53,9 @@ from common.core.errors import AMQP_CONNECTION_LOST, InvalidURL, ServiceUnavaila
 from common.core.urls import Fingerprint, canonicalize, domain_of, fingerprint
 from common.intake.defer import Deferral, Pending
 from common.intake.hosts import HostCheck, Refused
+from common.intake.job_intake import JobIntake, JobRun, JobTerms
 from common.intake.routing import Router
-from common.store.dedupe import PRODUCER_TOKEN_PREFIX, Claims, SeenSet
+from common.store.dedupe import HELD, OVER_BUDGET, PRODUCER_TOKEN_PREFIX, Claims, SeenSet
 from common.store.keys import COUNTERS
 
 logger = logging.getLogger(__name__)
@@ -59,6 +64,9 @@ logger = logging.getLogger(__name__)
 Keep = Callable[[list[str]], list[bool]]
 
 PUBLISH_ATTEMPTS = 3
+
+
+COUNTS = ("read", "new", "duplicate", "invalid", "failed", "over_budget", "deferred")
 
 
 @dataclass
@@ -74,13 +82,8 @@ class ProduceSummary:
     refused: Refused = field(default_factory=Refused)  #: hosts the address guard blocks
 
     def merge(self, other: ProduceSummary) -> None:
-        self.read += other.read
-        self.new += other.new
-        self.duplicate += other.duplicate
-        self.invalid += other.invalid
-        self.failed += other.failed
-        self.over_budget += other.over_budget
-        self.deferred += other.deferred
+        for name in COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         self.per_queue.update(other.per_queue)
         self.refused.merge(other.refused)
 
@@ -91,9 +94,7 @@ class ProduceSummary:
                 f"invalid={self.invalid} failed={self.failed}{refused} {queues}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"read": self.read, "new": self.new, "duplicate": self.duplicate,
-                "invalid": self.invalid, "failed": self.failed, "over_budget": self.over_budget,
-                "deferred": self.deferred, "refused": self.refused.count,
+        return {**{name: getattr(self, name) for name in COUNTS}, "refused": self.refused.count,
                 "per_queue": {q: self.per_queue.get(q, 0) for q in topology.WORK_QUEUES}}
 
 
@@ -163,7 +164,8 @@ class Producer:
     def submit(self, raw_urls: Iterable[str], *, force_priority: bool = False,
                depth: int = 0, keep: Keep | None = None,
                recrawl: bool = False, claim_token: str | None = None,
-               extra: dict[str, Any] | None = None) -> ProduceSummary:
+               extra: dict[str, Any] | None = None, job: JobRun | None = None,
+               job_spec: JobTerms | None = None) -> ProduceSummary:
         """Send URLs through canonicalise → dedupe → route → publish; return the counts.
 
         Args:
@@ -181,21 +183,30 @@ class Producer:
                 claims of other producers (a rerun after a kill) but not those of pages.
             extra: fields added to every message (a redirect target's ``scope`` and
                 ``redirected_from``).
+            job: the run (JobRef) the URLs enter, ``job_spec`` its JobSpec (URLs over its
+                ``limits.pages`` count as ``over_budget``); None: the default job.
 
         Raises:
             ServiceUnavailable: the broker or Redis could not be reached (after backoff).
+            ValueError: ``job`` without ``job_spec``, or with ``recrawl`` (its next run is).
         """
+        if job is not None and (job_spec is None or recrawl):
+            raise ValueError(f"job {job.scope}: give its job_spec, and no recrawl")
+        intake = JobIntake(job, job_spec) if job is not None and job_spec is not None else None
         total = ProduceSummary()
         for chunk in batched(raw_urls, self.settings.producer_batch):
             total.merge(self._submit_batch(chunk, force_priority, depth, keep, recrawl,
-                                           claim_token, extra))
+                                           claim_token, extra, intake))
         return total
 
-    def _submit_batch(self, raw_urls: list[str], force_priority: bool,
-                      depth: int, keep: Keep | None = None,
-                      recrawl: bool = False, claim_token: str | None = None,
-                      extra: dict[str, Any] | None = None) -> ProduceSummary:
+    def _submit_batch(self, raw_urls: list[str], force_priority: bool, depth: int,
+                      keep: Keep | None = None, recrawl: bool = False,
+                      claim_token: str | None = None, extra: dict[str, Any] | None = None,
+                      job: JobIntake | None = None) -> ProduceSummary:
         summary = ProduceSummary(read=len(raw_urls))
+        if job is not None:
+            extra, force_priority = {**(extra or {}), **job.fields()}, force_priority or job.priority
+        key = job.fingerprint if job is not None else fingerprint
         candidates: list[tuple[str, Fingerprint]] = []
         invalid: list[tuple[str, str]] = []
         for raw in raw_urls:
@@ -204,19 +215,22 @@ class Producer:
             except InvalidURL as exc:
                 invalid.append((raw, str(exc)))
                 continue
-            candidates.append((url, fingerprint(url)))
+            candidates.append((url, key(url)))
         if self.hosts is not None and candidates:
             # Never claimed nor marked seen: allowed later, produced again, they are new.
             candidates = self.hosts.keep_allowed(candidates, summary.refused)
 
         try:
-            fresh = self._unseen(candidates, recrawl, claim_token)
+            fresh = self._unseen(candidates, recrawl, claim_token, job)
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"Redis failed while deduplicating: {exc}") from None
         accepted: list[_Accepted] = []
         queued: set[Fingerprint] = set()  # a URL twice in one batch is published once
         for (url, fp), new in zip(candidates, fresh, strict=True):
-            if not new or fp in queued:
+            if new == OVER_BUDGET:  # the run knows limits.pages URLs: not claimed, not sent
+                summary.over_budget += 1
+                continue
+            if new != HELD or fp in queued:
                 summary.duplicate += 1
                 continue
             queued.add(fp)
@@ -226,14 +240,14 @@ class Producer:
         unpublished: list[_Accepted] = []
         if keep is not None and accepted:
             verdicts = keep([item.url for item in accepted])
-            summary.over_budget = verdicts.count(False)
+            summary.over_budget += verdicts.count(False)
             unpublished = [item for item, ok in zip(accepted, verdicts, strict=True) if not ok]
             accepted = [item for item, ok in zip(accepted, verdicts, strict=True) if ok]
 
         summary.invalid = len(invalid)
         for raw, reason in invalid:
             logger.warning("invalid URL %r: %s", raw[:200], reason)
-        deferred = self._defer(accepted)
+        deferred = self._defer(accepted, job)
         published, failed = self._publish_with_retries(
             [item for item in accepted if id(item) not in deferred], invalid)
         try:
@@ -241,10 +255,10 @@ class Producer:
             # leaves the URLs unmarked, and running the same input again publishes them again
             # (a message that did get through before the kill ends "already done" at the worker).
             self._mark_seen([item.fp for item in (*deferred.values(), *published)],
-                            claimed=not recrawl)
+                            claimed=not recrawl, job=job)
             if unpublished or failed:
                 self.claims.release([item.fp for item in (*unpublished, *failed)],
-                                    claim_token or self.token)
+                                    claim_token or self.token, job.budget if job else None)
             if invalid:
                 # Counted like the workers' dead letters, so the status view sees them too.
                 self.seen.client.hincrby(COUNTERS, f"dead_lettered:{InvalidURL.reason}",
@@ -262,30 +276,32 @@ class Producer:
             logger.error("not published (not marked seen): %s", item.url)
         return summary
 
-    def _defer(self, accepted: list[_Accepted]) -> dict[int, _Accepted]:
+    def _defer(self, accepted: list[_Accepted], job: JobIntake | None) -> dict[int, _Accepted]:
         """The accepted URLs now waiting in Redis for their turn (by ``id``)."""
         if not (self.deferral.enabled and accepted):
             return {}
         try:
-            later = self.deferral.defer([item.pending() for item in accepted])
+            later = self.deferral.defer([item.pending() for item in accepted],
+                                        job.pace if job else None)
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"Redis failed while deferring: {exc}") from None
         return {id(item): item for item, wait in zip(accepted, later, strict=True) if wait}
 
     def _unseen(self, candidates: list[tuple[str, Fingerprint]], recrawl: bool,
-                claim_token: str | None) -> list[bool]:
-        """Which candidates to publish: a recrawl's all, else those not seen yet, claimed for
-        ``claim_token`` (a page's) or this producer's token, in one atomic round trip."""
+                claim_token: str | None, job: JobIntake | None) -> list[int]:
+        """HELD for the candidates to publish: a recrawl's all, else those not seen (nor over a
+        job's budget), claimed for ``claim_token`` or this producer's token, in one call."""
         if recrawl:
-            return [True] * len(candidates)
+            return [HELD] * len(candidates)
         return self.claims.take_unseen(
             self.seen, [fp for _, fp in candidates], claim_token or self.token,
-            take_over="" if claim_token else PRODUCER_TOKEN_PREFIX)
+            take_over="" if claim_token else PRODUCER_TOKEN_PREFIX,
+            budget=job.budget if job else None)
 
-    def _mark_seen(self, fps: list[Fingerprint], *, claimed: bool) -> None:
-        """Mark confirmed URLs as seen and drop their claims (one script call)."""
+    def _mark_seen(self, fps: list[Fingerprint], *, claimed: bool, job: JobIntake | None) -> None:
+        """Mark confirmed URLs as seen and drop their claims (one call; a job's ``known``)."""
         if claimed:
-            self.claims.mark_seen(self.seen, fps)
+            self.claims.mark_seen(self.seen, fps, job.budget if job else None)
         else:
             self.seen.add_many(fps)
 

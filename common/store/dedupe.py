@@ -13,11 +13,12 @@ Every operation is one pipelined round trip for a whole batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import redis
 
-from common.core.urls import Fingerprint, fingerprint
-from common.store.keys import DONE_PREFIX, SEEN_PREFIX, claim_key, seen_bucket
+from common.core.urls import Fingerprint, job_fingerprint
+from common.store.keys import DONE_PREFIX, SEEN_PREFIX, claim_key, job_run_key, seen_bucket
 from common.store.marks import DoneMark
 
 # KEYS[i] the bucket of fingerprint i, ARGV[i] its member. One command for a whole batch:
@@ -94,9 +95,10 @@ class DoneSet:
         self.client = client
         self.fingerprints = SeenSet(client, buckets, prefix=DONE_PREFIX)
 
-    def mark_for(self, url: str, nonce: str | None = None) -> DoneMark:
-        """The done mark of ``url``'s outcome, or with a recrawl ``nonce`` that of one refresh."""
-        fp = fingerprint(f"{url}#recrawl:{nonce}" if nonce else url)
+    def mark_for(self, url: str, nonce: str | None = None, scope: str | None = None) -> DoneMark:
+        """The done mark of ``url``'s outcome, or with a recrawl ``nonce`` that of one refresh;
+        ``scope``: a job's run ("name/run", :attr:`JobRef.scope`), None for the default job."""
+        fp = job_fingerprint(f"{url}#recrawl:{nonce}" if nonce else url, scope)
         return DoneMark(self.fingerprints.key(fp), fp.member)
 
     def contains(self, mark: DoneMark) -> bool:
@@ -106,9 +108,10 @@ class DoneSet:
         """Record that a URL's outcome is final (once its dead letter is confirmed)."""
         self.client.sadd(mark.key, mark.member)
 
-    def forget(self, urls: Sequence[str]) -> int:
-        """Clear the marks of ``urls`` (a DLQ replay makes them new again). Returns how many."""
-        return self.fingerprints.remove_many([fingerprint(url) for url in urls])
+    def forget(self, urls: Sequence[str], scope: str | None = None) -> int:
+        """Clear the marks of ``urls`` (a DLQ replay makes them new again), within a job's run
+        ``scope`` or the default job's. Returns how many."""
+        return self.fingerprints.remove_many([job_fingerprint(url, scope) for url in urls])
 
 
 #: How long a claim keeps other pages off a URL; far longer than publishing a batch.
@@ -120,50 +123,107 @@ PRODUCER_TOKEN_PREFIX = "producer:"
 
 # The seen check and the claim in one atomic step, so no claim is taken on a URL that another
 # caller marked seen (and dropped its claim) between a separate check and claim.
-# KEYS[2i-1] the seen bucket of URL i, KEYS[2i] its claim:{fp}. ARGV[1] token, ARGV[2] ttl ms,
-# ARGV[3] the token prefix the caller may take over ('' for none), ARGV[3+i] URL i's member.
-# Returns 1 per URL the caller holds now (not seen; claimed by it, newly, again or taken
-# over), else 0 (seen, or claimed by another).
+# KEYS[2i-1] the seen bucket of URL i, KEYS[2i] its claim:{fp}; with a page budget (ARGV[4] >=
+# 0) two more: the run's counters (field known) and its reservations ZSET (member = the URL's
+# member, score = when its claim ends). ARGV[1] token, ARGV[2] ttl ms, ARGV[3] the token prefix
+# the caller may take over ('' for none), ARGV[4] the run's page budget (-1: none), ARGV[4+i]
+# URL i's member. Returns per URL 1 = the caller holds it now (not seen; claimed by it, newly,
+# again or taken over), 0 = seen or claimed by another, 2 = over the run's budget (a budget
+# counts known URLs and live reservations: what is being published counts before its confirm).
 CLAIM_UNSEEN_LUA = """
 local held = {}
 local prefix = ARGV[3]
-for i = 1, #KEYS / 2 do
+local budget = tonumber(ARGV[4])
+local n = #KEYS / 2
+local room, reserved, lease_end
+if budget >= 0 then
+  n = n - 1
+  reserved = KEYS[#KEYS]
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  lease_end = now + tonumber(ARGV[2])
+  redis.call('ZREMRANGEBYSCORE', reserved, '-inf', now)
+  room = budget - tonumber(redis.call('HGET', KEYS[#KEYS - 1], 'known') or '0')
+         - redis.call('ZCARD', reserved)
+end
+for i = 1, n do
   local claim = KEYS[2 * i]
-  if redis.call('SISMEMBER', KEYS[2 * i - 1], ARGV[3 + i]) == 1 then
+  local member = ARGV[4 + i]
+  local holder = redis.call('GET', claim)
+  if redis.call('SISMEMBER', KEYS[2 * i - 1], member) == 1 then
     held[i] = 0
-  elseif redis.call('SET', claim, ARGV[1], 'NX', 'PX', ARGV[2]) then
-    held[i] = 1
+  elseif holder and holder ~= ARGV[1]
+         and (prefix == '' or string.sub(holder, 1, #prefix) ~= prefix) then
+    held[i] = 0
+  elseif reserved and not redis.call('ZSCORE', reserved, member) and room <= 0 then
+    held[i] = 2
   else
-    local holder = redis.call('GET', claim)
-    if holder == ARGV[1] or (prefix ~= '' and string.sub(holder, 1, #prefix) == prefix) then
-      redis.call('SET', claim, ARGV[1], 'PX', ARGV[2])
-      held[i] = 1
-    else
-      held[i] = 0
+    redis.call('SET', claim, ARGV[1], 'PX', ARGV[2])
+    if reserved then
+      if redis.call('ZADD', reserved, lease_end, member) == 1 then room = room - 1 end
     end
+    held[i] = 1
   end
 end
+if reserved then redis.call('PEXPIRE', reserved, ARGV[2]) end
 return held
 """
 
 # Confirmed URLs: mark each seen, then drop its claim, in one step (no moment where a URL is
-# neither seen nor claimed). KEYS as CLAIM_UNSEEN_LUA, ARGV[i] URL i's member.
+# neither seen nor claimed). KEYS as CLAIM_UNSEEN_LUA's (with a run: its counters and its
+# reservations after the pairs), ARGV[1] the counter field ('' without a run), ARGV[1+i] URL
+# i's member. A run's field is raised by the URLs newly marked seen. Returns that number.
 SEEN_UNCLAIM_LUA = """
-for i = 1, #KEYS / 2 do
-  redis.call('SADD', KEYS[2 * i - 1], ARGV[i])
+local n = #KEYS / 2
+local field = ARGV[1]
+if field ~= '' then n = n - 1 end
+local added = 0
+for i = 1, n do
+  added = added + redis.call('SADD', KEYS[2 * i - 1], ARGV[1 + i])
   redis.call('DEL', KEYS[2 * i])
+  if field ~= '' then redis.call('ZREM', KEYS[#KEYS], ARGV[1 + i]) end
 end
-return #KEYS / 2
+if field ~= '' and added > 0 then redis.call('HINCRBY', KEYS[#KEYS - 1], field, added) end
+return added
 """
 
-# Each KEYS[i] is claim:{fp}; ARGV[1] token. Drops the claims the token still holds.
+# KEYS[i] claim:{fp} of URL i (and with a run, last, its reservations ZSET); ARGV[1] token,
+# ARGV[2] '1' with a run, ARGV[2+i] URL i's member. Drops the claims (and reservations) the
+# token still holds.
 RELEASE_LUA = """
 local dropped = 0
-for _, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[1] then dropped = dropped + redis.call('DEL', key) end
+local n = #KEYS
+if ARGV[2] == '1' then n = n - 1 end
+for i = 1, n do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    dropped = dropped + redis.call('DEL', KEYS[i])
+    if ARGV[2] == '1' then redis.call('ZREM', KEYS[#KEYS], ARGV[2 + i]) end
+  end
 end
 return dropped
 """
+
+#: What :meth:`Claims.take_unseen` says of each URL.
+TAKEN, HELD, OVER_BUDGET = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class RunBudget:
+    """A job's run as the claim scripts see it: its counters hash (``known``, raised when its
+    URLs are marked seen) and its page budget (``limits.pages``; None: no limit)."""
+
+    name: str
+    run: int
+    pages: int | None = None
+
+    @property
+    def counters(self) -> str:
+        return job_run_key(self.name, self.run)
+
+    @property
+    def reservations(self) -> str:
+        """ZSET of the run's claimed URLs not yet seen (``job:{name}:run:{n}:claimed``)."""
+        return f"{self.counters}:claimed"
 
 
 class Claims:
@@ -186,35 +246,53 @@ class Claims:
         self._release = client.register_script(RELEASE_LUA)
 
     def take_unseen(self, seen: SeenSet, fps: Sequence[Fingerprint], token: str, *,
-                    take_over: str = "") -> list[bool]:
+                    take_over: str = "", budget: RunBudget | None = None) -> list[int]:
         """Claim for ``token`` each of ``fps`` that ``seen`` does not hold, in one atomic round
-        trip; True for each one the caller holds now.
+        trip: :data:`HELD` for each one the caller holds now, else :data:`TAKEN` (or
+        :data:`OVER_BUDGET`: a new URL beyond the run's page budget, not claimed).
 
         Args:
             take_over: a token prefix whose claims the caller takes over (a producer:
                 :data:`PRODUCER_TOKEN_PREFIX`); "" takes over none but the caller's own.
+            budget: a job's run with a page limit: known URLs plus live reservations never
+                exceed it, across every producer and worker.
         """
         if not fps:
             return []
         keys: list[str] = []
         for fp in fps:
             keys += (seen.key(fp), claim_key(fp.hex))
-        held = self._claim_unseen(keys=keys, args=[token, self.ttl_ms, take_over,
+        limit = -1
+        if budget is not None and budget.pages is not None:
+            keys += (budget.counters, budget.reservations)
+            limit = budget.pages
+        held = self._claim_unseen(keys=keys, args=[token, self.ttl_ms, take_over, limit,
                                                    *(fp.member for fp in fps)])
-        return [bool(flag) for flag in held]
+        return [int(flag) for flag in held]
 
-    def mark_seen(self, seen: SeenSet, fps: Sequence[Fingerprint]) -> None:
-        """Mark confirmed URLs seen and drop their claims (one atomic round trip)."""
+    def mark_seen(self, seen: SeenSet, fps: Sequence[Fingerprint],
+                  run: RunBudget | None = None) -> int:
+        """Mark confirmed URLs seen and drop their claims (one atomic round trip); a job's
+        ``run`` counts those newly seen as ``known`` in the same script. Returns that number."""
         if not fps:
-            return
+            return 0
         keys: list[str] = []
         for fp in fps:
             keys += (seen.key(fp), claim_key(fp.hex))
-        self._seen_unclaim(keys=keys, args=[fp.member for fp in fps])
+        if run is not None:
+            keys += (run.counters, run.reservations)
+        return int(self._seen_unclaim(keys=keys, args=["known" if run else "",
+                                                       *(fp.member for fp in fps)]))
 
-    def release(self, fps: Sequence[Fingerprint], token: str) -> int:
+    def release(self, fps: Sequence[Fingerprint], token: str,
+                run: RunBudget | None = None) -> int:
         """Drop the claims ``token`` still holds on ``fps`` (not published: failed, over
-        budget), so a page may publish them at once. Returns how many."""
+        budget), so a page may publish them at once; a job's ``run`` its reservations too.
+        Returns how many."""
         if not fps:
             return 0
-        return int(self._release(keys=[claim_key(fp.hex) for fp in fps], args=[token]))
+        keys = [claim_key(fp.hex) for fp in fps]
+        if run is not None:
+            keys.append(run.reservations)
+        return int(self._release(keys=keys, args=[token, "1" if run else "",
+                                                  *(fp.member for fp in fps)]))

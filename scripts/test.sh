@@ -33,6 +33,8 @@ WAITING=(
     tests/test_poison.py
     tests/work/test_pressure.py
     tests/intake/test_producer_faults.py
+    tests/test_jobs_fleet.py
+    tests/test_jobs_fairness.py
 )
 
 split=1

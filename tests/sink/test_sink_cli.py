@@ -44,7 +44,7 @@ KILL_POINTS = {
             return original(self, entries)
     """),
     # A part was just renamed to its final name; the next batch is not written yet.
-    "after_rotation": ("files.FileSink._finalize", """
+    "after_rotation": ("files.Part.finalize", """
         def patched(self):
             original(self)
             if calls == 3:

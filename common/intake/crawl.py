@@ -11,7 +11,8 @@ so a page reached by many links is fetched once. Rules:
 * depth: a seed has depth 0; links of a page at depth d get d + 1 and are followed only while
   d + 1 <= CRAWL_MAX_DEPTH (or the follow rule's ``depth``);
 * a budget of CRAWL_MAX_PAGES_PER_DOMAIN enqueued pages per domain, counted atomically in
-  Redis (``crawl:pages:{domain}``) after dedupe, so only new URLs spend it;
+  Redis (``crawl:pages:{domain}``) after dedupe, so only new URLs spend it; a job's run has
+  budgets of its own (``crawl:pages:{name}/{run}|{domain}``);
 * links the page's own robots.txt disallows are not enqueued at all.
 
 Links are published *before* the page's result is recorded, and a link is marked seen only
@@ -22,6 +23,9 @@ publish it once; the redelivered page takes its own claims over. Seeds are claim
 way by their producer, so a page linking a seed (itself) whose confirm is still on its way
 skips it: each page fetched once, seeds too. Each fetch thread owns its own Producer (AMQP
 connection), created on first use.
+
+A job's page follows under its job's crawl settings (:meth:`LinkFollower.for_job`: depth,
+allowed domains, budget; the producers shared) and its links are published in its run.
 """
 
 from __future__ import annotations
@@ -48,6 +52,14 @@ class FollowPlanLike(Protocol):
     max_depth: int
     priority: bool
     domains: tuple[str, ...] | None
+
+
+class JobRef(Protocol):
+    """The run a job's links are published in (common.jobs.registry.JobRef, a floor above:
+    intake may not import it)."""
+
+    @property
+    def scope(self) -> str: ...
 
 
 # KEYS[1] crawl:pages:{domain}   ARGV[1] wanted   ARGV[2] budget
@@ -91,17 +103,26 @@ class ThreadProducers:
 
 
 class LinkFollower:
-    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+    def __init__(self, settings: Settings, client: redis.Redis, *, job: JobRef | None = None,
+                 producers: ThreadProducers | None = None) -> None:
         self.settings = settings
         self.client = client
+        self.job = job  # the run the links are published in (None: the default job)
         self.allowed = tuple(setting_host(d) for d in settings.crawl_allowed_domains.split(",")
                              if d.strip())
         self._spend = client.register_script(SPEND_LUA)
-        self.producers = ThreadProducers(settings, client)
+        self._own_producers = producers is None
+        self.producers = producers or ThreadProducers(settings, client)
+
+    def for_job(self, settings: Settings, job: JobRef) -> LinkFollower:
+        """The follower of a job's pages: its crawl settings (``settings``, the job's page
+        settings), its run's budgets, this follower's producers."""
+        return LinkFollower(settings, self.client, job=job, producers=self.producers)
 
     def close(self) -> None:
         """Close every fetch thread's producer (called once, when the worker stops)."""
-        self.producers.close()
+        if self._own_producers:
+            self.producers.close()
 
     def in_scope(self, page_url: str, link: str,
                  domains: tuple[str, ...] | None = None) -> bool:
@@ -149,16 +170,22 @@ class LinkFollower:
         if not chosen:
             return None
         return self.producers.get().submit(chosen, depth=depth + 1, keep=self.within_budget,
-                                       claim_token=page_token,
-                                       force_priority=force_priority, extra=extra)
+                                           claim_token=page_token,
+                                           force_priority=force_priority, extra=extra,
+                                           **self.job_field())
+
+    def job_field(self) -> dict[str, JobRef]:
+        """``Producer.submit``'s ``job`` for this follower's run ({} for the default job)."""
+        return {"job": self.job} if self.job is not None else {}
 
     def within_budget(self, urls: list[str]) -> list[bool]:
         by_domain: dict[str, list[int]] = defaultdict(list)
         for index, url in enumerate(urls):
             by_domain[domain_of(url)].append(index)
         verdicts = [False] * len(urls)
+        prefix = f"{self.job.scope}|" if self.job is not None else ""  # a run's own budget
         for domain, indexes in by_domain.items():
-            granted = int(self._spend(keys=[crawl_pages_key(domain)],
+            granted = int(self._spend(keys=[crawl_pages_key(prefix + domain)],
                                       args=[len(indexes), self.settings.crawl_max_pages]))
             for index in indexes[:granted]:
                 verdicts[index] = True

@@ -7,7 +7,10 @@ cached, error; when something was cut: ``<field>_truncated``, links_kept, record
 (caps: common/work/record.py). A dead-lettered URL leaves a failure
 record in the stream ``failures`` instead (``"outcome": "dead_letter"``, reason, attempts,
 last_status, last_error, first_failure), appended once its dead letter is confirmed, so every
-URL's final outcome is in one of the two streams. With no result sink registered (``sinks``)
+URL's final outcome is in one of the two streams. A job's records carry ``job`` and ``run``
+(the default job's neither), and the script that appends one counts it in the run's counters
+(``job:{name}:run:{n}``: results and bytes, or failed and failed:{reason}) only when it was
+appended: once per URL, in the same round trip. With no result sink registered (``sinks``)
 both are capped with an approximate MAXLEN (``RESULTS_MAXLEN``) so they cannot grow without
 bound; with sinks, the sinks trim them below what every sink has acknowledged. Readers use
 XRANGE / XREAD from an id.
@@ -44,6 +47,7 @@ from common.store.keys import (
     SINKS,
     content_key,
     failures_key,
+    job_run_key,
 )
 from common.store.marks import DoneMark, Retime
 
@@ -55,10 +59,13 @@ REPLICA_WAITS = "replica_waits"
 # KEYS[1] done:{b} ('' = no once-only check)  KEYS[2] results (or failures)  KEYS[3] content:{url}
 # KEYS[4] stats:counters  KEYS[5] failures:{url}  KEYS[6] ratelimit:{domain} ('' = no permit)
 # KEYS[7] sinks (the registered result sinks: with any, the sinks trim the stream, not MAXLEN)
+# KEYS[8] job:{name}:run:{n} (the record's run counters; '' = the default job)
 # ARGV[1] done member  ARGV[2] record JSON  ARGV[3] results maxlen
 # ARGV[4] cache value ('' = do not cache)  ARGV[5] cache TTL s  ARGV[6] clear failures (0/1)
-# ARGV[7] permit member  ARGV[8] send time ms  ARGV[9..] counter name, amount, ...
-# Appends the result only if the URL was not done yet; returns 1 when appended.
+# ARGV[7] permit member  ARGV[8] send time ms  ARGV[9] run counter (results|failed)
+# ARGV[10] its bytes  ARGV[11] failure reason ('' = none)  ARGV[12..] counter name, amount, ...
+# Appends the result only if the URL was not done yet; returns 1 when appended. The run's
+# counters move only then: one outcome per URL, however often it is recorded.
 RECORD_LUA = """
 local appended = 1
 if KEYS[1] ~= '' and redis.call('SADD', KEYS[1], ARGV[1]) == 0 then
@@ -73,7 +80,12 @@ end
 if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[5]) end
 if ARGV[6] == '1' then redis.call('DEL', KEYS[5]) end
 if KEYS[6] ~= '' then redis.call('ZADD', KEYS[6], 'XX', 'GT', ARGV[8], ARGV[7]) end
-for i = 9, #ARGV, 2 do redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1]) end
+if appended == 1 and KEYS[8] ~= '' then
+  redis.call('HINCRBY', KEYS[8], ARGV[9], 1)
+  if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[8], 'bytes', ARGV[10]) end
+  if ARGV[11] ~= '' then redis.call('HINCRBY', KEYS[8], 'failed:' .. ARGV[11], 1) end
+end
+for i = 12, #ARGV, 2 do redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1]) end
 return appended
 """
 
@@ -113,11 +125,11 @@ class ResultStore:
             permit = None
         url = record["url"]
         keys = [done.key if done else "", stream, content_key(url), COUNTERS,
-                failures_key(url), permit.log_key if permit else "", SINKS]
+                failures_key(url), permit.log_key if permit else "", SINKS, _run_key(record)]
         args: list[Any] = [done.member if done else 0, encode(record), self.maxlen,
                            cache[0] if cache else b"", cache[1] if cache else 0,
                            1 if clear_failures else 0, permit.member if permit else "",
-                           int(sent_at * 1000) if permit else 0]
+                           int(sent_at * 1000) if permit else 0, *_run_counts(record, stream)]
         for name, amount in (counters or {}).items():
             args += (name, amount)
         if self.min_replicas:
@@ -217,6 +229,21 @@ class ResultStore:
                 ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                 yield ident, json.loads(fields[b"json"] if b"json" in fields else fields["json"])
             cursor, exclusive = ident, True
+
+
+def _run_key(record: dict[str, Any]) -> str:
+    """The counters of the record's run (its ``job`` and ``run`` fields); '' for the default
+    job's records, which carry neither."""
+    name, run = record.get("job"), record.get("run")
+    return job_run_key(name, run) if isinstance(name, str) and type(run) is int else ""
+
+
+def _run_counts(record: dict[str, Any], stream: str) -> tuple[str, int, str]:
+    """ARGV[9..11] of the result script: the run counter, its bytes, a failure's reason."""
+    if stream == FAILURES_STREAM:
+        return "failed", 0, str(record.get("reason") or "unknown")
+    size = record.get("bytes")
+    return "results", size if type(size) is int and size > 0 else 0, ""
 
 
 def encode(record: dict[str, Any]) -> bytes:

@@ -1,5 +1,8 @@
 """Messages that outlived their queue's TTL: their fingerprint is released from the seen-set, so
-a producer can enqueue the URL again, and they are counted (``expired``, ``released``)."""
+a producer can enqueue the URL again, and they are counted (``expired``, ``released``). A job's
+message releases its run's fingerprint (common.core.urls.job_fingerprint) and is counted in
+the run's counters (``expired``) only if that fingerprint was really released: an expired
+copy of a URL the run already forgot is not a second outcome."""
 
 from __future__ import annotations
 
@@ -8,12 +11,25 @@ import logging
 from common.broker.messages import WorkMessage
 from common.core.errors import BadMessage, InvalidURL
 from common.core.redact import clip
-from common.core.urls import Fingerprint, canonicalize, fingerprint
+from common.core.urls import Fingerprint, canonicalize, job_fingerprint
+from common.jobs.registry import JobRef
 from common.store.dedupe import SeenSet
-from common.store.keys import COUNTERS
+from common.store.keys import COUNTERS, job_run_key
 from common.work.outcome import Outcome
 
 logger = logging.getLogger(__name__)
+
+# KEYS[1] crawled_urls:{b} ('' = nothing to release)  KEYS[2] stats:counters
+# KEYS[3] job:{name}:run:{n} ('' = the default job)  ARGV[1] the fingerprint's member
+# Returns 1 when the fingerprint was released; the run counts it only then.
+RELEASE_LUA = """
+local released = 0
+if KEYS[1] ~= '' then released = redis.call('SREM', KEYS[1], ARGV[1]) end
+redis.call('HINCRBY', KEYS[2], 'expired', 1)
+redis.call('HINCRBY', KEYS[2], 'released', released)
+if released == 1 and KEYS[3] ~= '' then redis.call('HINCRBY', KEYS[3], 'expired', 1) end
+return released
+"""
 
 
 def release_expired(body: bytes, seen: SeenSet) -> Outcome:
@@ -23,22 +39,22 @@ def release_expired(body: bytes, seen: SeenSet) -> Outcome:
     except BadMessage as exc:
         seen.client.hincrby(COUNTERS, "expired", 1)
         return Outcome("released", "<unparsable>", detail=f"expired bad message: {exc}")
-    fp = _fingerprint_of(message)
-    released = seen.remove_many([fp]) if fp is not None else 0
-    pipe = seen.client.pipeline(transaction=False)
-    pipe.hincrby(COUNTERS, "expired", 1)
-    pipe.hincrby(COUNTERS, "released", released)
-    pipe.execute()
+    job = JobRef.of(message.extra)
+    fp = _fingerprint_of(message, job)
+    seen.client.eval(RELEASE_LUA, 3, seen.key(fp) if fp is not None else "", COUNTERS,
+                     job_run_key(job.name, job.run) if job is not None else "",
+                     fp.member if fp is not None else 0)
     return Outcome("released", message.url, detail="expired; fingerprint released")
 
 
-def _fingerprint_of(message: WorkMessage) -> Fingerprint | None:
+def _fingerprint_of(message: WorkMessage, job: JobRef | None) -> Fingerprint | None:
+    """The message's own fingerprint (the producer wrote its run's), else computed."""
     if message.fp:
         try:
             return Fingerprint(bytes.fromhex(message.fp))
         except ValueError:
             logger.warning("bad fingerprint %s in an expired message", clip(repr(message.fp)))
     try:
-        return fingerprint(canonicalize(message.url))
+        return job_fingerprint(canonicalize(message.url), job.scope if job is not None else None)
     except InvalidURL:
         return None

@@ -19,7 +19,8 @@ from common.broker.messages import WorkMessage
 from common.core.backoff import retry_delay_s
 from common.core.config import Settings
 from common.core.errors import BadMessage, InvalidURL
-from common.core.urls import canonicalize, fingerprint
+from common.core.urls import canonicalize, job_fingerprint
+from common.jobs.registry import JobRef
 from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import COUNTERS, failures_key
 from common.store.marks import DoneMark, Retime
@@ -127,15 +128,20 @@ class GivingUp:
         if retime is not None:
             retime_permit(pipe, retime)
         pipe.execute()
-        return dead_letter(url, body, headers, f"{reason} ({failure.reason})",
-                           self._failure_record(url, headers, queue, message.depth),
+        record = self._failure_record(url, headers, queue, message.depth)
+        job = JobRef.of(message.extra)
+        if job is not None:  # counted in the run's counters as it is appended (results.py)
+            record.update(job.fields())
+        return dead_letter(url, body, headers, f"{reason} ({failure.reason})", record,
                            mark_done=self.done_mark(url, message))
 
     def done_mark(self, url: str, message: WorkMessage) -> DoneMark:
-        """The done mark of this message's outcome: the URL's, or for a recrawl (a ``nonce``
-        in the message) that of this one refresh."""
+        """The done mark of this message's outcome: the URL's, for a recrawl (a ``nonce``
+        in the message) that of this one refresh, for a job's message that of its run."""
         nonce = message.extra.get("nonce")
-        return self.done.mark_for(url, nonce if isinstance(nonce, str) else None)
+        nonce = nonce if isinstance(nonce, str) else None
+        job = JobRef.of(message.extra)
+        return self.done.mark_for(url, nonce, scope=job.scope if job is not None else None)
 
     def is_done(self, url: str, message: WorkMessage) -> bool:
         return self.done.contains(self.done_mark(url, message))
@@ -161,15 +167,15 @@ class GivingUp:
         self.results.record_failure(record, mark)
         if (record.get("failure") == "fetch_blocked" and record.get("depth") == 0
                 and not record.get("url_truncated")):
-            self._release_blocked(record["url"], mark)
+            self._release_blocked(record["url"], mark, JobRef.of(record))
 
-    def _release_blocked(self, url: str, mark: DoneMark | None) -> None:
+    def _release_blocked(self, url: str, mark: DoneMark | None, job: JobRef | None) -> None:
         """A seed the address guard refused is not final: once FETCH_ALLOW_NETWORKS allows its
         network, producing it again must fetch it. Its done and seen marks go (one round
         trip), after its one failure record is in (as an expired message's seen mark). Links
         (depth > 0) keep theirs: no one produces them again, but every other page linking
         them would, each to one more dead letter; ``dlq replay`` retries them."""
-        fp = fingerprint(url)
+        fp = job_fingerprint(url, job.scope if job is not None else None)
         pipe = self.client.pipeline(transaction=False)
         if mark is not None:
             pipe.srem(mark.key, mark.member)

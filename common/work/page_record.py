@@ -12,10 +12,17 @@ with the same rules gives the same ``data``. What it does, in order:
 3. the page's fields into the record (:func:`common.work.record.add_page`).
 
 It does not enqueue, archive or store anything: the caller decides what is durable.
+
+A job's pages are read by a reader of its own page settings (its rules, crawl mode, record
+bounds) whose user code comes from the worker's :class:`UserCodes`: one
+:class:`~common.work.user_extractor.UserExtractor` per HANDLERS router (and timeout), so the
+jobs naming one router share its children. A job naming a router the worker was not started
+with cannot be read here (:class:`HandlerMissing`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +37,8 @@ from common.work.follow import FollowPlan, LinkMarks
 from common.work.parse import NotHTML, is_html, parse_html
 from common.work.poison import Progress
 from common.work.record import add_page, fetch_record
-from common.work.user_extractor import Call, UserExtractor
+from common.work.user_code import load_user_code
+from common.work.user_extractor import Call, UserExtractor, handler_refs
 
 TreeHook = Callable[[etree._Element, str], None]
 
@@ -53,14 +61,77 @@ class PageRead:
         return counters
 
 
-class PageReader:
-    """The validated rules and user code of one process; :meth:`read` is per page."""
+class HandlerMissing(Exception):
+    """A job's HANDLERS router is not one this worker was started with."""
 
-    def __init__(self, settings: Settings) -> None:
+
+class UserCodes:
+    """The worker's user code by router: the default job's (HANDLERS's first router, or
+    EXTRACTOR), and one :class:`UserExtractor` per other router or timeout a job asks for,
+    made on first use. Every HANDLERS router is imported at start (ConfigError)."""
+
+    def __init__(self, settings: Settings, default: UserExtractor | None) -> None:
+        self.base = settings
+        self.refs = handler_refs(settings.handlers)
+        for ref in self.refs[1:]:
+            load_user_code("HANDLERS", ref)  # ConfigError at start, as the first's
+        self.default = default
+        self._codes: dict[tuple[str, float], UserExtractor] = {}
+        if default is not None:
+            self._codes[(default.value, default.timeout_s)] = default
+        self._lock = threading.Lock()
+
+    def for_settings(self, settings: Settings) -> UserExtractor | None:
+        """The user code of pages read with ``settings`` (a job's page settings).
+
+        Raises:
+            HandlerMissing: they name a router HANDLERS does not list.
+        """
+        if settings.handlers == self.base.handlers:  # the job did not name one
+            if self.default is None or settings.handler_timeout_s == self.default.timeout_s:
+                return self.default
+            ref = self.default.value
+        else:
+            ref = settings.handlers.strip()
+            if ref not in self.refs:
+                raise HandlerMissing(
+                    f"handlers {ref!r}: not one of this worker's routers (HANDLERS="
+                    f"{self.base.handlers!r}); start the workers with it")
+        key = (ref, settings.handler_timeout_s)
+        with self._lock:
+            code = self._codes.get(key)
+            if code is None:
+                kind = (self.default.kind if self.default is not None
+                        and ref == self.default.value else "HANDLERS")
+                code = self._codes[key] = UserExtractor(
+                    ref, settings.handler_timeout_s, self.base.handler_max_memory_bytes,
+                    kind=kind, processes=self.base.handler_processes,
+                    isolation=self.base.handler_isolation)
+        return code
+
+    def close(self) -> None:
+        """Stop every user-code child (the worker's shutdown)."""
+        with self._lock:
+            codes = list(self._codes.values())
+        for code in codes:
+            code.close()
+
+
+class PageReader:
+    """The validated rules and user code of one process, or of one job's pages (``codes``:
+    the worker's user code, which a job's reader shares); :meth:`read` is per page.
+
+    Raises:
+        ConfigError: the rules (or the process's user code) are not valid.
+        HandlerMissing: ``settings`` name a router ``codes`` lacks.
+    """
+
+    def __init__(self, settings: Settings, codes: UserCodes | None = None) -> None:
         self.settings = settings
         self.extractor = Extractor.from_setting(  # ConfigError if bad
             settings.extract_rules, settings.rules_regex_timeout_s)
-        self.custom = UserExtractor.from_settings(settings)  # HANDLERS or EXTRACTOR
+        self.custom = (UserExtractor.from_settings(settings) if codes is None  # HANDLERS or
+                       else codes.for_settings(settings))  # EXTRACTOR
         self.crawl = settings.crawl_enabled
 
     def read(self, url: str, response: FetchResult, *, queue: str | None, depth: int,

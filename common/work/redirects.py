@@ -23,6 +23,8 @@ recorded once, with ``redirected_from``.
   URL, whose second hand-off finds the target claimed by its own token and publishes it if it
   was not confirmed. A publish that fails is a transient failure of the URL (retried), never a
   recorded 3xx with a target nobody will fetch.
+* A job's redirect stays in its run: the target is published with the job (deduped in the
+  run, recorded with ``job`` and ``run``), under the job's crawl settings when given.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from common.broker.messages import WorkMessage
 from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, ServiceUnavailable
 from common.intake.crawl import LinkFollower, ThreadProducers
+from common.jobs.registry import JobRef
 
 
 class HandOffFailed(Exception):
@@ -53,30 +56,39 @@ class Redirects:
                  follower: LinkFollower | None) -> None:
         # Crawl mode: its scope rule and page budget. A follower built for handlers' follow
         # requests alone changes nothing here: outside crawl mode every target is enqueued.
+        self.client = client
         self.follower = follower if settings.crawl_enabled else None
         self._own_producers = follower is None
         self.producers = follower.producers if follower else ThreadProducers(settings, client)
 
     def hand_off(self, url: str, message: WorkMessage, queue: str, target: str, hops: int,
-                 token: str) -> dict[str, Any]:
+                 token: str, job_settings: Settings | None = None) -> dict[str, Any]:
         """Enqueue ``target`` (the redirect of ``url`` that the fetch did not follow); returns
         the fields the 3xx's record gets. ``hops`` counts every redirect so far, this one
-        included; ``token`` is the page's done-mark token (its claims).
+        included; ``token`` is the page's done-mark token (its claims); ``job_settings``: the
+        page settings of the message's job (its crawl mode, scope and budget).
 
         Raises:
             HandOffFailed: the target was not published (the broker or Redis failed).
         """
         fields: dict[str, Any] = {"redirect_to": target}
         scope = scope_of(message) or url
-        if self.follower is not None and not self.follower.in_scope(scope, target):
+        job = JobRef.of(message.extra)
+        follower = self.follower
+        if job is not None:  # the job's crawl mode, its run's budget
+            crawl = job_settings.crawl_enabled if job_settings is not None else bool(follower)
+            follower = LinkFollower(job_settings or follower.settings, self.client, job=job,
+                                    producers=self.producers) if crawl else None
+        if follower is not None and not follower.in_scope(scope, target):
             fields["redirect"] = "out_of_scope"
             return fields
         try:
             summary = self.producers.get().submit(
                 [target], depth=message.depth, claim_token=token,
                 force_priority=queue == topology.PRIORITY_QUEUE,
-                keep=self.follower.within_budget if self.follower else None,
-                extra={"scope": scope, "redirected_from": url, "hops": hops})
+                keep=follower.within_budget if follower else None,
+                extra={"scope": scope, "redirected_from": url, "hops": hops},
+                **({"job": job} if job is not None else {}))
         except (ServiceUnavailable, redis.RedisError, *AMQP_CONNECTION_LOST) as exc:
             raise HandOffFailed(f"{type(exc).__name__}: {exc}") from exc
         if summary.failed:

@@ -1,8 +1,7 @@
 """User code for pages that rules cannot describe: EXTRACTOR's function or HANDLERS's router.
 
 Loaded at worker start (:meth:`UserExtractor.from_settings`; ConfigError naming the setting
-when it does not import or is not a function / a ``scrape_fleet.Router``; both set is an
-error). For every HTML page, after the EXTRACT_RULES rule (if any), the code runs on the page
+when it does not import or is not a function / a ``scrape_fleet.Router``, or both are set). For every HTML page, after the EXTRACT_RULES rule (if any), the code runs on the page
 in a child process and its answer (common/work/user_code.py) goes into the record:
 
 * EXTRACTOR=package.module:function is called as ``function(page)`` with a ``PageInput`` and
@@ -13,15 +12,14 @@ in a child process and its answer (common/work/user_code.py) goes into the recor
   or a URL pattern chooses (docs/handlers.md): the record gets ``handler`` (its name),
   ``items`` (after the item pipeline), ``dropped`` (when any) and ``data_errors["handler"]``;
   its follow requests are enqueued with their handler, meta and headers in the messages
-  (``handler_followed`` counts the new ones).
+  (``handler_followed`` counts the new ones). HANDLERS may list routers (:func:`handler_refs`):
+  the first is the default job's, the others for the jobs naming them.
 
-Follow URLs go through crawl mode's LinkFollower (canonicalise, dedupe, scope, depth, budget,
-robots, routing), built whenever user code is set; without one they are dropped and
-``data_errors["<kind>_follow"]`` says so.
+Follow URLs go through crawl mode's LinkFollower (dedupe, scope, depth, budget, robots); with
+none they are dropped and ``data_errors["<kind>_follow"]`` says so.
 
-Where it runs: in a child process, never in the worker (NOTES #36). Python cannot stop a
-thread, and user code that loops, or runs a catastrophic ``re`` pattern (which holds the GIL),
-would freeze the worker's heartbeats, health endpoint and shutdown. Each thread that calls (a
+Where it runs: in a child process, never in the worker (NOTES #36): Python cannot stop a
+thread, and looping user code or a catastrophic ``re`` (holding the GIL) would freeze it. Each thread that calls (a
 fetch loop; the re-parse tool's one thread) has one long-lived child, started lazily (fork+exec
 of this interpreter, never a fork of the worker's threads), which imports the code once and,
 per page, gets the final URL, status, headers, body, content type, the rules' data and (for
@@ -38,10 +36,10 @@ the pipe (GIL released) at most HANDLER_TIMEOUT_S:
   requests given before it are kept).
 
 Errors are cut to 200 characters; the page is still a result. After a timeout or a crash a
-fresh child is started at once (it imports while the loop goes on), for the next page.
-Timeouts and crashes are counted: :attr:`Call.counters` (the caller adds them to Redis's
-``stats:counters``: ``extractor_timeouts``, ``extractor_crashes``, and the Prometheus counter
-``fleet_user_code_stopped_total``) and :meth:`UserExtractor.counts` (this process's).
+fresh child is started at once (it imports while the loop goes on). Timeouts and crashes are
+counted: :attr:`Call.counters` (the caller adds them to ``stats:counters``:
+``extractor_timeouts``, ``extractor_crashes``; and ``fleet_user_code_stopped_total``) and
+:meth:`UserExtractor.counts` (this process's).
 """
 
 from __future__ import annotations
@@ -67,7 +65,7 @@ if TYPE_CHECKING:
     from common.core.config import Settings
     from common.web.fetch import FetchResult
 
-__all__ = ["Call", "UserExtractor"]
+__all__ = ["Call", "UserExtractor", "handler_refs"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +119,8 @@ class UserExtractor:
     @classmethod
     def from_settings(cls, settings: Settings) -> UserExtractor | None:
         """HANDLERS's router or EXTRACTOR's function, None when neither is set."""
-        handlers, extractor = settings.handlers.strip(), settings.extractor.strip()
+        refs, extractor = handler_refs(settings.handlers), settings.extractor.strip()
+        handlers = refs[0] if refs else ""  # the default job's router
         if handlers and extractor:
             raise ConfigError("HANDLERS and EXTRACTOR are both set: set one (EXTRACTOR's "
                               "function can be a router's default handler)")
@@ -275,6 +274,11 @@ class UserExtractor:
 
     def _timeout_text(self) -> str:
         return f"timeout: over HANDLER_TIMEOUT_S ({self.timeout_s:g} s); stopped"
+
+
+def handler_refs(value: str) -> tuple[str, ...]:
+    """HANDLERS's routers (``a.b:router,c.d:router``), the default job's first."""
+    return tuple(ref.strip() for ref in value.split(",") if ref.strip())
 
 
 def _reply(answer: dict[str, Any]) -> Reply:

@@ -5,14 +5,22 @@ EXTRACTOR) go through crawl mode's :class:`~common.intake.crawl.LinkFollower`: s
 dedupe, CRAWL_MAX_DEPTH, the domain's page budget, robots.txt. Published and claimed for this
 page first, so a worker that dies before the record redelivers the page, which publishes
 what was not confirmed (common/intake/crawl.py).
+
+A job's page follows under its job's crawl settings (depth, allowed domains, its run's page
+budget, nofollow: read with the page) and its links are published in its run: a follower per
+job (:meth:`~common.intake.crawl.LinkFollower.for_job`), made again when the job book's version
+moved, all sharing the fetch threads' producers.
 """
 
 from __future__ import annotations
 
+import threading
+
 import redis
 
 from common.core.config import Settings
-from common.intake.crawl import LinkFollower
+from common.intake.crawl import LinkFollower, ThreadProducers
+from common.jobs.registry import JobRef
 from common.work.job_book import JobBook
 from common.work.outcome import Outcome
 from common.work.redirects import scope_of
@@ -23,6 +31,10 @@ class Follow:
     def __init__(self, follower: LinkFollower | None, jobs: JobBook | None = None) -> None:
         self.jobs = jobs  # a job's own crawl settings
         self.follower = follower  # None: no crawl mode, handlers or EXTRACTOR: nothing to follow
+        #: job name -> (the job book's version it was made at, its follower)
+        self._followers: dict[str, tuple[int, LinkFollower]] = {}
+        self._producers: ThreadProducers | None = None  # jobs' when the worker has no follower
+        self._lock = threading.Lock()
 
     @staticmethod
     def follower_for(settings: Settings, client: redis.Redis) -> LinkFollower | None:
@@ -35,21 +47,44 @@ class Follow:
         """Enqueue the page's links to follow; their counts go into its record."""
         read, message = trip.read, trip.message
         trip.progress.enter("record")
-        plan = read.follow if self.follower is not None else None
+        follower = self.follower
+        if trip.job is not None and self.jobs is not None and (read.follow or read.call):
+            follower = self.job_follower(trip.job)
+        plan = read.follow if follower is not None else None
         if plan is None and not read.call:
             return None
         token = trip.token  # the page's claims on the links it publishes
         if read.call:  # the user code's follow requests (common/work/user_extractor.py), first:
             # in crawl mode the same links are in the plan too, without their handler and meta
-            read.call.enqueue(self.follower, message.depth, trip.rules, token)
+            read.call.enqueue(follower, message.depth, trip.rules, token)
         if plan is not None:
-            followed = self.follower.follow_plan(trip.response.final_url, plan, message.depth,
-                                                 trip.rules, page_token=token,
-                                                 scope=scope_of(message))
+            followed = follower.follow_plan(trip.response.final_url, plan, message.depth,
+                                            trip.rules, page_token=token,
+                                            scope=scope_of(message))
             if followed is not None:
                 read.record["followed"] = followed.new
         return None
 
+    def job_follower(self, job: JobRef) -> LinkFollower:
+        """The follower of ``job``'s pages: its crawl settings, its run."""
+        version = self.jobs.version
+        known = self._followers.get(job.name)
+        if known is not None and known[0] == version and known[1].job == job:
+            return known[1]
+        settings = self.jobs.settings_for(job)
+        with self._lock:
+            if self.follower is not None:
+                follower = self.follower.for_job(settings, job)
+            else:  # the fleet follows nothing; this job does (crawl mode, its handlers)
+                client = self.jobs.registry.client
+                if self._producers is None:
+                    self._producers = ThreadProducers(self.jobs.base, client)
+                follower = LinkFollower(settings, client, job=job, producers=self._producers)
+            self._followers[job.name] = (self.jobs.version, follower)
+        return follower
+
     def close(self) -> None:
         if self.follower is not None:
             self.follower.close()
+        if self._producers is not None:
+            self._producers.close()

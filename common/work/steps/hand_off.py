@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from common.core.config import Settings
 from common.store.results import ResultStore
+from common.work.job_book import JobBook
 from common.work.outcome import DeadLetter, Failure, Outcome, Retry
 from common.work.record import fetch_record
 from common.work.redirects import HandOffFailed, Redirects
@@ -19,7 +20,8 @@ from common.work.steps.trip import Trip
 
 class HandOff:
     def __init__(self, redirects: Redirects, results: ResultStore, *, worker_id: str,
-                 max_redirects: int) -> None:
+                 max_redirects: int, jobs: JobBook | None = None) -> None:
+        self.jobs = jobs  # a job's crawl settings, for its redirects
         self.redirects = redirects
         self.results = results
         self.worker_id = worker_id
@@ -27,9 +29,9 @@ class HandOff:
 
     @classmethod
     def from_settings(cls, settings: Settings, redirects: Redirects,
-                      results: ResultStore) -> HandOff:
+                      results: ResultStore, jobs: JobBook | None = None) -> HandOff:
         return cls(redirects, results, worker_id=settings.worker_id,
-                   max_redirects=settings.max_redirects)
+                   max_redirects=settings.max_redirects, jobs=jobs)
 
     def hand_off_unparsed(self, trip: Trip) -> Outcome | Retry | DeadLetter | None:
         """Record a 304 or a redirect not followed; pass on any other response."""
@@ -39,6 +41,8 @@ class HandOff:
         url, message, queue = trip.url, trip.message, trip.queue
         record = fetch_record(url, response, worker=self.worker_id, queue=queue,
                               depth=message.depth, attempts=message.attempts + 1, cached=False)
+        if trip.job is not None:  # counted in its run as it is recorded (results.py)
+            record.update(trip.job.fields())
         if response.redirect_to is None:
             record["unchanged"] = True
         else:
@@ -48,9 +52,11 @@ class HandOff:
                 return DeadLetter(Failure(
                     "fetch_too_many_redirects", status=response.status,
                     error=f"more than {self.max_redirects} redirects"), trip.retime)
+            job_settings = (self.jobs.settings_for(trip.job)
+                            if self.jobs is not None and trip.job is not None else None)
             try:
                 record.update(self.redirects.hand_off(url, message, queue, response.redirect_to,
-                                                      hops, trip.token))
+                                                      hops, trip.token, job_settings))
             except HandOffFailed as exc:
                 return Retry(Failure("redirect_not_queued", status=response.status,
                                      error=str(exc)), trip.retime)

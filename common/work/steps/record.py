@@ -2,7 +2,8 @@
 
 The result script (common/store/results.py) appends the record to ``results``, marks the URL
 done, re-times its permit, clears its failure count and caches the response (CACHE_TTL_S), so
-a redelivery after it finds the outcome recorded. The loop's other tasks run while Redis
+a redelivery after it finds the outcome recorded. A job's record carries ``job`` and ``run``
+and is counted in its run's counters by the same script. The loop's other tasks run while Redis
 answers. The second of the page's two round trips, and the end of the trip.
 """
 
@@ -41,7 +42,12 @@ class Record:
         record = read.record
         if "redirected_from" in message.extra:  # reached through a redirect (redirects.py)
             record["redirected_from"] = message.extra["redirected_from"]
-        bound(record, self.max_record_bytes)
+        max_bytes = self.max_record_bytes
+        if trip.job is not None:  # counted in its run as it is appended (results.py)
+            record.update(trip.job.fields())
+            if self.jobs is not None:  # the job's MAX_RECORD_BYTES
+                max_bytes = self.jobs.settings_for(trip.job).max_record_bytes
+        bound(record, max_bytes)
         cache_value = None
         if not cached and self.cache_ttl_s > 0:
             value = response_cache.encode(trip.response, self.cache_max_bytes)

@@ -170,8 +170,8 @@ def replay(settings: Settings, connection: pika.BlockingConnection, client: redi
             for ref, matched in groups.items():
                 _forget([url for _tag, url in matched], settings, client, ref)
                 urls = (url for _tag, url in matched)
-                produced = (producer.submit(urls) if ref is None
-                            else producer.submit(urls, job=ref))
+                produced = (producer.submit(urls) if ref is None else
+                            producer.submit(urls, job=ref, job_spec=registry.spec(ref.name)))
                 summary.produced.merge(produced)
                 if produced.failed == 0:
                     for tag, _url in matched:

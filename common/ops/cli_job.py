@@ -28,6 +28,7 @@ from common.store.connection import connect_redis
 from common.store.keys import DEFERRED_COUNTS, job_seeds_key
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter
+from common.work.job_check import check_job
 
 #: A rate for `job show`/`job list` when no reading of the last minute is stored: read the
 #: counters again this much later.
@@ -42,7 +43,8 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         "settings, limits, schedule, progress and results (docs/jobs.md).")
     sub = parser.add_subparsers(dest="command", required=True)
     submit = sub.add_parser("submit", help="validate a job file and store it (created); the "
-                            "job runner (`scrape-fleet schedule run`) starts it")
+                            "job runner (`scrape-fleet schedule run`) starts it; a bad file: "
+                            "exit 2, the field named, nothing stored")
     submit.add_argument("file", help="the job file (YAML or JSON)")
     submit.add_argument("--replace", action="store_true",
                         help="replace a job of that name that is not running or paused")
@@ -105,13 +107,18 @@ def job_main(settings: Settings, argv: list[str] | None = None,
 
 
 def submit(settings: Settings, registry: JobRegistry, path: str, replace: bool) -> int:
+    """Validate the whole file (load_job_file: every field; check_job: the rules compile, a
+    live worker has its router, its webhooks' hosts are allowed), then store it."""
     try:
         spec = load_job_file(path)
-        check = _checker()
-        if check is not None:
-            check(spec, registry.client, settings)
     except BadJob as exc:
         print(f"error: bad job file {path}: {cli.escape_controls(str(exc))}", file=sys.stderr)
+        return cli.EXIT_CONFIG
+    problems = check_job(spec, registry.client, settings)
+    if problems:
+        for problem in problems:
+            print(f"error: bad job file {path}: {cli.escape_controls(problem)}",
+                  file=sys.stderr)
         return cli.EXIT_CONFIG
     state = registry.submit(spec, replace=replace)
     print(f"job {state.name}: {state.state} ({len(spec.seed_urls):,} seed URLs, "
@@ -120,16 +127,6 @@ def submit(settings: Settings, registry: JobRegistry, path: str, replace: bool) 
           f"`scrape-fleet job show {state.name}`, its results with "
           f"`scrape-fleet job results {state.name}`")
     return cli.EXIT_OK
-
-
-def _checker() -> Any:
-    """common.work.job_check.check_job (handlers importable, rules compile, ...), when present:
-    without it, what load_job_file checks is all."""
-    try:
-        from common.work.job_check import check_job
-    except ImportError:
-        return None
-    return check_job
 
 
 def list_jobs(registry: JobRegistry, as_json: bool) -> int:

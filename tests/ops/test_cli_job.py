@@ -232,3 +232,12 @@ def test_dlq_replay_of_a_paused_job_is_refused_and_leaves_its_letters(
     assert code == 1 and out.startswith("replayed=0 ") and "refused=2" in out
     assert "run 2 of job shop is paused, not running" in err
     assert queue_depth(amqp_channel, topology.FAILED_QUEUE) == 4
+
+
+def test_a_webhook_outside_the_allowed_hosts_is_refused_at_submission(settings, redis_client,
+                                                                       capsys, tmp_path):
+    text = GOOD + "webhooks: [http://hooks.example/done]\n"
+    code, _out, err = _submit(settings.with_overrides(job_webhook_hosts="127.0.0.1"), capsys,
+                              tmp_path, text)
+    assert code == 2 and "webhooks[0]: host 'hooks.example' not in JOB_WEBHOOK_HOSTS" in err
+    assert not redis_client.exists(JOBS)

@@ -53,7 +53,7 @@ from common.core.errors import AMQP_CONNECTION_LOST, InvalidURL, ServiceUnavaila
 from common.core.urls import Fingerprint, canonicalize, domain_of, fingerprint
 from common.intake.defer import Deferral, Pending
 from common.intake.hosts import HostCheck, Refused
-from common.intake.job_intake import JobIntake, JobRun, JobTerms
+from common.intake.job_intake import JobBook, JobIntake, JobRun, JobTerms
 from common.intake.routing import Router
 from common.store.dedupe import HELD, OVER_BUDGET, PRODUCER_TOKEN_PREFIX, Claims, SeenSet
 from common.store.keys import COUNTERS
@@ -90,8 +90,9 @@ class ProduceSummary:
     def line(self) -> str:
         queues = " ".join(f"{q}={self.per_queue.get(q, 0)}" for q in topology.WORK_QUEUES)
         refused = f" refused={self.refused.count}" if self.refused.count else ""
+        over = f" over_budget={self.over_budget}" if self.over_budget else ""
         return (f"read={self.read} new={self.new} duplicate={self.duplicate} "
-                f"invalid={self.invalid} failed={self.failed}{refused} {queues}")
+                f"invalid={self.invalid} failed={self.failed}{over}{refused} {queues}")
 
     def as_dict(self) -> dict[str, Any]:
         return {**{name: getattr(self, name) for name in COUNTS}, "refused": self.refused.count,
@@ -109,9 +110,7 @@ class _Accepted:
     extra: dict[str, Any] | None = None  # more message fields (a redirect's scope, validators)
 
     def message(self) -> WorkMessage:
-        extra = dict(self.extra) if self.extra else {}
-        if self.nonce:
-            extra["nonce"] = self.nonce
+        extra = {**(self.extra or {}), **({"nonce": self.nonce} if self.nonce else {})}
         return WorkMessage(url=self.url, depth=self.depth, fp=self.fp.hex, extra=extra)
 
     def pending(self) -> Pending:
@@ -136,6 +135,7 @@ class Producer:
         self.token = f"{PRODUCER_TOKEN_PREFIX}{uuid.uuid4().hex}"  # this producer's claims
         self.hosts = hosts
         self.deferral = Deferral(settings, redis_client)
+        self.jobs = JobBook(redis_client)  # the terms of the runs it serves
         self.router = router or Router.from_setting(settings.routing_rules)
         self._connection: pika.BlockingConnection | None = None
         self._publisher: ConfirmingPublisher | None = None
@@ -153,8 +153,7 @@ class Producer:
                 self._connection.close()
             except AMQP_CONNECTION_LOST as exc:
                 logger.debug("closing a broken AMQP connection: %s", exc)
-        self._connection = None
-        self._publisher = None
+        self._connection, self._publisher = None, None
 
     def _ensure_publisher(self) -> ConfirmingPublisher:
         if self._publisher is None:
@@ -183,16 +182,17 @@ class Producer:
                 claims of other producers (a rerun after a kill) but not those of pages.
             extra: fields added to every message (a redirect target's ``scope`` and
                 ``redirected_from``).
-            job: the run (JobRef) the URLs enter, ``job_spec`` its JobSpec (URLs over its
-                ``limits.pages`` count as ``over_budget``); None: the default job.
+            job: the run (JobRef) the URLs enter, ``job_spec`` its JobSpec (else read once per
+                run); URLs over its ``limits.pages`` count as ``over_budget``. None: the
+                default job.
 
         Raises:
             ServiceUnavailable: the broker or Redis could not be reached (after backoff).
-            ValueError: ``job`` without ``job_spec``, or with ``recrawl`` (its next run is).
+            ValueError: ``job`` unknown, or with ``recrawl`` (a job's refresh is its next run).
         """
-        if job is not None and (job_spec is None or recrawl):
-            raise ValueError(f"job {job.scope}: give its job_spec, and no recrawl")
-        intake = JobIntake(job, job_spec) if job is not None and job_spec is not None else None
+        if job is not None and recrawl:
+            raise ValueError(f"job {job.scope}: no recrawl within a run")
+        intake = self.jobs.intake(job, job_spec) if job is not None else None
         total = ProduceSummary()
         for chunk in batched(raw_urls, self.settings.producer_batch):
             total.merge(self._submit_batch(chunk, force_priority, depth, keep, recrawl,

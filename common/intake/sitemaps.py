@@ -40,6 +40,7 @@ from protego import Protego
 from common.core.config import Settings
 from common.core.errors import FetchError, InvalidURL, ServiceUnavailable
 from common.core.urls import canonicalize, domain_of
+from common.intake.job_intake import JobRun, JobTerms
 from common.intake.producer import Producer, ProduceSummary
 from common.intake.sitemap_files import (
     MAX_SITEMAP_BYTES,
@@ -204,7 +205,8 @@ def produce_site(target: str, reader: SitemapReader, producer: Producer, *,
                  since: datetime | None = None, max_urls: int | None = None,
                  force_priority: bool = False,
                  on_progress: Callable[[SiteReport], None] | None = None,
-                 on_entries: Callable[[list[Entry]], None] | None = None) -> SiteReport:
+                 on_entries: Callable[[list[Entry]], None] | None = None,
+                 job: JobRun | None = None, job_spec: JobTerms | None = None) -> SiteReport:
     """Read every sitemap reachable from ``target`` and submit their URLs to ``producer``.
 
     Each sitemap's URLs are submitted as soon as that file has parsed (memory stays at one
@@ -215,6 +217,7 @@ def produce_site(target: str, reader: SitemapReader, producer: Producer, *,
         since: keep entries dated at or after this, and undated ones.
         max_urls: stop once this many URLs of this site were submitted.
         on_entries: called with each sitemap's submitted entries (the scheduler's hook).
+        job: the run the URLs enter, ``job_spec`` its JobSpec (:meth:`Producer.submit`).
 
     Raises:
         ServiceUnavailable: RabbitMQ or Redis failed.
@@ -252,7 +255,8 @@ def produce_site(target: str, reader: SitemapReader, producer: Producer, *,
             continue
         report.sitemaps += 1
         _follow(report, sitemap, depth, since, stack)
-        _submit(report, sitemap, producer, since, max_urls, force_priority, on_entries)
+        _submit(report, sitemap, producer, since, max_urls, force_priority, on_entries,
+                {"job": job, "job_spec": job_spec} if job is not None else {})
         if on_progress is not None:
             on_progress(report)
     return report
@@ -282,7 +286,8 @@ def _follow(report: SiteReport, sitemap: Sitemap, depth: int, since: datetime | 
 
 def _submit(report: SiteReport, sitemap: Sitemap, producer: Producer, since: datetime | None,
             max_urls: int | None, force_priority: bool,
-            on_entries: Callable[[list[Entry]], None] | None = None) -> None:
+            on_entries: Callable[[list[Entry]], None] | None = None,
+            job_args: dict[str, Any] | None = None) -> None:
     entries = []
     for entry in sitemap.pages:
         if since is not None and entry.lastmod is not None and entry.lastmod < since:
@@ -293,6 +298,6 @@ def _submit(report: SiteReport, sitemap: Sitemap, producer: Producer, since: dat
         entries = entries[:max(0, max_urls - report.summary.read)]
     if entries:
         report.summary.merge(producer.submit([e.url for e in entries],
-                                             force_priority=force_priority))
+                                             force_priority=force_priority, **(job_args or {})))
         if on_entries is not None:
             on_entries(entries)

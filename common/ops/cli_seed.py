@@ -1,4 +1,5 @@
-"""The commands that put URLs in: ``produce`` (producer.py) and ``sitemap`` (sitemap_producer.py).
+"""The commands that put URLs in: ``produce`` (producer.py), ``sitemap`` (sitemap_producer.py) and
+``seed --job NAME`` (more URLs for a job's running run).
 
 Each ``*_main`` is a command of common/ops/console.py and the body of its root script.
 """
@@ -18,6 +19,7 @@ from common.core.urls import canonicalize
 from common.intake.hosts import HostCheck
 from common.intake.producer import Producer, ProduceSummary
 from common.intake.sitemaps import SitemapReader, SiteReport, parse_since, produce_site
+from common.jobs.registry import JobRegistry, JobStateError
 from common.ops import cli
 from common.ops.progress import Progress
 from common.store.connection import connect_redis
@@ -144,3 +146,49 @@ def sitemap_main(settings: Settings, argv: list[str] | None = None,
               f"filtered={sum(r.filtered for r in reports)} {total.line()}")
     refused = _refused_said(total, hosts)
     return cli.EXIT_PARTIAL if any(r.failed for r in reports) else refused
+
+
+def seed_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog,
+                                     description="Add URLs to a job's running run.")
+    parser.add_argument("--job", required=True, metavar="NAME", help="the job (running)")
+    parser.add_argument("urls", nargs="*", help="URLs to add; '-' reads them from stdin")
+    parser.add_argument("-f", "--file", action="append", default=[],
+                        help="file with one URL a line ('#' comments); repeatable; '-' = stdin")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = parser.parse_intermixed_args(argv)
+    if not args.urls and not args.file:
+        parser.error("give URLs, -f FILE or '-' for stdin")
+    return args
+
+
+def seed_main(settings: Settings, argv: list[str] | None = None,
+              prog: str | None = None) -> int:
+    """``scrape-fleet seed --job NAME URL...``: the URLs enter the job's current run, deduped
+    within it, counted in its ``known`` and held to its ``limits.pages`` (``over_budget``).
+    Refused unless the job is running: a created job's runner seeds it, a paused one would
+    only park them, an ended run takes no URLs."""
+    args = seed_args(argv, prog)
+    for path in args.file:
+        if path != "-" and not os.path.isfile(path):
+            print(f"error: no such file: {path}", file=sys.stderr)
+            return cli.EXIT_CONFIG
+    redis_client = connect_redis(settings)
+    registry = JobRegistry(redis_client)
+    try:
+        state = registry.state(args.job)
+    except JobStateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return cli.EXIT_PARTIAL
+    spec, ref = registry.spec(args.job), state.ref
+    if state.state != "running" or ref is None or spec is None:
+        print(f"error: job {args.job!r} is {state.state}, not running: `seed --job` adds URLs "
+              "to a running run only (`scrape-fleet job show` tells its state)", file=sys.stderr)
+        return cli.EXIT_PARTIAL
+    hosts = HostCheck.for_fleet(settings, alive_workers(redis_client))
+    with (Producer(settings, redis_client, hosts=hosts) as producer,
+          Progress(None, f"seeding {ref.scope}") as progress):
+        summary = producer.submit(progress.track(iter_inputs(args)), job=ref, job_spec=spec)
+    print(json.dumps({"job": ref.name, "run": ref.run, **summary.as_dict()}) if args.json
+          else f"job={ref.name} run={ref.run} {summary.line()}")
+    return _refused_said(summary, hosts)

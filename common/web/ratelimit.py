@@ -26,17 +26,36 @@ window full books the next free slot), so the configured rate is back the moment
 and it enforces MAX_WAIT_S: a URL whose slot would come later than its wait allows books
 nothing and is told so (go = 3). A robots.txt Crawl-delay is capped at
 ROBOTS_MAX_CRAWL_DELAY_S.
+
+A job's message (issue 26) has its job's state decided first, in the same call: the script
+reads ``job:{name}`` (state, run) and ``jobs:version``. Its run running: as above, and the
+version comes back (the worker's job book reloads when it moved). Paused, same run: the verdict
+"paused" before anything is booked (the worker parks the message in ``job:{name}:parked``).
+Anything else (cancelled, finished, an older run): "cancelled", the message's done mark set and
+``cancelled`` added to its run's counters only when the mark is new, so a redelivery is not
+counted twice. A deleted job's message marks and counts nothing ("deleted"). The default job's
+call carries no job keys and runs no job command: its cost is the cost before jobs.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 
 from common.core.config import Settings
-from common.store.keys import THROTTLED, content_key, rate_log_key, rate_slot_key, throttle_key
+from common.store.keys import (
+    JOBS_VERSION,
+    THROTTLED,
+    content_key,
+    job_key,
+    job_run_key,
+    rate_log_key,
+    rate_slot_key,
+    throttle_key,
+)
 from common.store.marks import DoneMark, Permit, Retime
 from common.web.throttle import (
     FUNCTIONS_LUA,
@@ -47,21 +66,45 @@ from common.web.throttle import (
     read_states,
 )
 
+if TYPE_CHECKING:
+    from common.jobs.registry import JobRef
+
 # KEYS[1] content:{url}   KEYS[2] ratelimit:{domain}   KEYS[3] ratelimit:{domain}:next
 # KEYS[4] done:{b} (or "" to skip the check)   KEYS[5] throttle:{domain}   KEYS[6] throttled
 # ARGV[1] amount  ARGV[2] span_ms (window + guard)  ARGV[3] spacing_ms  ARGV[4] check cache (0/1)
 # ARGV[5] the URL's done-set member  ARGV[6] the caller's booked slot (ms, 0 = none)
 # ARGV[7] how long the URL may still wait (ms, -1 = no limit)  ARGV[8..12] the throttle's
-# Returns {cached_body or false, go, wait_ms, permit member, booked slot ms, throttle or false}
+# A job's message only (the default job's call has none of these, and pays for none):
+# KEYS[7] job:{name}  KEYS[8] jobs:version  KEYS[9] job:{name}:run:{run}  ARGV[13] its run
+# Returns {cached_body or false, go, wait_ms, permit member, booked slot ms, throttle or false,
+#          jobs:version (a job's message only), job verdict (go = 4 only)}
 #   go: 1 = go now (a permit was logged under `permit member`), 0 = wait, 2 = already done,
-#       3 = its slot would come after its wait limit (nothing booked)
+#       3 = its slot would come after its wait limit (nothing booked), 4 = its job's run is not
+#       running: "paused" (nothing booked) or "cancelled" (its done mark set; counted
+#       `cancelled` in its run's counters when newly set)
 ADMIT_LUA = """
+local jobv, verdict
+if ARGV[13] then
+  local job = redis.call('HMGET', KEYS[7], 'state', 'run')
+  jobv = redis.call('GET', KEYS[8]) or '0'
+  if job[1] ~= 'running' or job[2] ~= ARGV[13] then
+    verdict = 'cancelled'
+    if job[1] == 'paused' and job[2] == ARGV[13] then verdict = 'paused'
+    elseif not job[1] then verdict = 'deleted' end
+  end
+end
 if KEYS[4] ~= '' and redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
-  return {false, 2, 0, '', 0}
+  return {false, 2, 0, '', 0, jobv and false, jobv}
+end
+if verdict then
+  -- A deleted job marks and counts nothing: its name and run numbers may be taken again.
+  if verdict == 'cancelled' and KEYS[4] ~= '' and redis.call('SADD', KEYS[4], ARGV[5]) == 1
+  then redis.call('HINCRBY', KEYS[9], 'cancelled', 1) end
+  return {false, 4, 0, '', 0, false, jobv, verdict}
 end
 if ARGV[4] == '1' then
   local cached = redis.call('GET', KEYS[1])
-  if cached then return {cached, 1, 0, '', 0} end
+  if cached then return {cached, 1, 0, '', 0, jobv and false, jobv} end
 end
 local amount = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
@@ -88,9 +131,11 @@ if blocked_until > now then
   -- A blocked domain: slots from the block's end on, staggered as usual.
   local slot = tonumber(redis.call('GET', KEYS[3]) or '0')
   if slot < blocked_until then slot = blocked_until end
-  if wait_left >= 0 and slot - now > wait_left then return {false, 3, slot - now, '', 0, state} end
+  if wait_left >= 0 and slot - now > wait_left then
+    return {false, 3, slot - now, '', 0, state, jobv}
+  end
   redis.call('SET', KEYS[3], slot + spacing, 'PX', slot + spacing - now + span)
-  return {false, 0, slot - now, '', slot, state}
+  return {false, 0, slot - now, '', slot, state, jobv}
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - keep)
 local count = redis.call('ZCARD', KEYS[2])
@@ -109,20 +154,22 @@ if free_at <= now then
   local member = t[1] .. t[2] .. ':' .. count
   redis.call('ZADD', KEYS[2], now, member)
   redis.call('PEXPIRE', KEYS[2], keep * 2)
-  return {false, 1, 0, member, 0, state}
+  return {false, 1, 0, member, 0, state, jobv}
 end
 if booked > 0 and booked <= now + spacing and rate >= 1 then
   -- The caller's booked slot is due but a late request still fills the window: it keeps its
   -- place and waits for that request to leave the window, instead of queueing again. (Not on
   -- a slowed domain, where the window is full by design: every URL due would come back at the
   -- same free_at, again and again. It books the next slot.)
-  return {false, 0, free_at - now, '', booked, state}
+  return {false, 0, free_at - now, '', booked, state, jobv}
 end
 local slot = tonumber(redis.call('GET', KEYS[3]) or '0')
 if slot < free_at then slot = free_at end
-if wait_left >= 0 and slot - now > wait_left then return {false, 3, slot - now, '', 0, state} end
+if wait_left >= 0 and slot - now > wait_left then
+  return {false, 3, slot - now, '', 0, state, jobv}
+end
 redis.call('SET', KEYS[3], slot + spacing, 'PX', slot + spacing - now + span)
-return {false, 0, slot - now, '', slot, state}
+return {false, 0, slot - now, '', slot, state, jobv}
 """
 
 
@@ -151,6 +198,10 @@ class Admission:
     slot_ms: int = 0  # the slot booked for a denied caller (Redis clock)
     too_late: bool = False  # its slot would come after its wait limit (MAX_WAIT_S)
     throttle: ThrottleState | None = None  # the domain's throttle, when it has one
+    #: A job's message whose run is not running: "paused", or "cancelled" (its done mark
+    #: set and counted; also an older run, a finished one), or "deleted" (nothing marked).
+    job_verdict: str = ""
+    jobs_version: int | None = None  # jobs:version, with every job's admission
 
 
 class RateLimiter:
@@ -180,28 +231,37 @@ class RateLimiter:
 
     def admit(self, domain: str, rate: Rate, cache_url: str | None = None,
               done: DoneMark | None = None, booked_ms: int = 0,
-              max_wait_ms: int = -1) -> Admission:
+              max_wait_ms: int = -1, job: JobRef | None = None) -> Admission:
         """One round trip: already done, a cache hit, a permit now, or how long to wait for a
         booked slot. ``done`` is the URL's done mark, checked first;
         ``booked_ms`` the slot this URL was given when it was parked (it keeps its place);
-        ``max_wait_ms`` how long it may still wait (-1: no limit), else ``too_late``."""
+        ``max_wait_ms`` how long it may still wait (-1: no limit), else ``too_late``.
+        ``job``: the message's job run (None: the default job, which adds nothing to the
+        call); its state decides first (``job_verdict``), and ``jobs_version`` comes back."""
         span_ms = rate.window_ms + math.ceil(rate.window_ms * self.guard)
         spacing_ms = math.ceil(span_ms / rate.amount)
         done_key, member = done or ("", 0)
         log_key = rate_log_key(domain)
-        reply = self._admit(
-            keys=[content_key(cache_url or ""), log_key, rate_slot_key(domain), done_key,
-                  throttle_key(domain), THROTTLED],
-            args=[rate.amount, span_ms, spacing_ms, 1 if cache_url else 0, member,
-                  int(booked_ms), int(max_wait_ms), *self.throttle.admit_args(domain)])
+        keys = [content_key(cache_url or ""), log_key, rate_slot_key(domain), done_key,
+                throttle_key(domain), THROTTLED]
+        args = [rate.amount, span_ms, spacing_ms, 1 if cache_url else 0, member,
+                int(booked_ms), int(max_wait_ms), *self.throttle.admit_args(domain)]
+        if job is not None:
+            keys += [job_key(job.name), JOBS_VERSION, job_run_key(job.name, job.run)]
+            args.append(job.run)
+        reply = self._admit(keys=keys, args=args)
         cached, go, wait_ms, permit, slot_ms = reply[:5]
+        version = int(reply[6]) if len(reply) > 6 else None
         if go == 2:
-            return Admission(go=False, already_done=True)
+            return Admission(go=False, already_done=True, jobs_version=version)
+        if go == 4:
+            return Admission(go=False, job_verdict=reply[7].decode(), jobs_version=version)
         permit_member = permit.decode() if isinstance(permit, bytes) else permit
         return Admission(go=go == 1, wait_ms=int(wait_ms), cached=cached or None,
                          permit=Permit(log_key, permit_member) if permit_member else None,
                          slot_ms=int(slot_ms), too_late=go == 3,
-                         throttle=ThrottleState.from_reply(reply[5]) if len(reply) > 5 else None)
+                         throttle=ThrottleState.from_reply(reply[5]) if len(reply) > 5 else None,
+                         jobs_version=version)
 
     def report(self, pipe: redis.client.Pipeline, url: str, failure: Signal,
                retime: Retime | None) -> None:

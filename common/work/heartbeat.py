@@ -8,6 +8,11 @@ pause state (``pressure``: paused, reason, health and the figures; common/work/p
 A Redis that refuses the write (OOM at ``maxmemory``: SET is refused, EXPIRE is not) gets the
 last beat's TTL renewed instead, so a paused worker stays listed; its ``beat`` time then shows
 how old the figures are (the status view marks it stale).
+
+The beat's ``jobs`` ({"name/run": deliveries of that job run this worker is processing now},
+:func:`jobs_in_flight`, read from the bodies only when a beat is written: nothing on the hot
+path) lets the job runner see that no page of a run is in flight before it declares the run
+finished (:func:`runs_in_flight` sums them over the live workers).
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
 
+from common.jobs.registry import JobRef
 from common.store.keys import WORKERS_PREFIX, worker_key
 
 logger = logging.getLogger(__name__)
@@ -77,3 +83,33 @@ def alive_workers(client: redis.Redis) -> list[dict[str, Any]]:
         return []
     values = client.mget(keys)
     return sorted((json.loads(v) for v in values if v), key=lambda w: w["id"])
+
+
+def jobs_in_flight(bodies: Iterable[bytes]) -> dict[str, int]:
+    """How many of these work-message bodies each job run has, by "name/run" (the default
+    job's and unreadable ones are left out; the decode step dead-letters bad fields)."""
+    counts: dict[str, int] = {}
+    for body in bodies:
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        ref = JobRef.of(data)
+        if ref is not None:
+            counts[ref.scope] = counts.get(ref.scope, 0) + 1
+    return counts
+
+
+def runs_in_flight(workers: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """The job runs some live worker is processing a page of ("name/run" -> pages), from
+    heartbeats (:func:`alive_workers`)."""
+    total: dict[str, int] = {}
+    for worker in workers:
+        jobs = worker.get("jobs")
+        if isinstance(jobs, dict):
+            for scope, count in jobs.items():
+                if isinstance(count, int) and count > 0:
+                    total[scope] = total.get(scope, 0) + count
+    return total

@@ -5,6 +5,15 @@ The admit script (common/web/ratelimit.py) answers at once: the outcome is alrea
 (dead-lettered ``waited_too_long``), a cached response (CACHE_TTL_S: read, not fetched), a
 permit now, or a booked slot to wait for (parked on the hold queues, keeping its slot). The
 loop's other tasks run while Redis answers. The first of the page's two round trips.
+
+A job's message has its job's state decided in the same call (common/web/ratelimit.py), and
+the answer carries ``jobs:version`` for the worker's job book. Its run paused: the message, as
+delivered (the same member on a redelivery), goes into ``job:{name}:parked`` and is acked
+(``paused``): one more Redis call, only for a paused job's pages, that parks it only while the
+run is still paused (a resume in between: the admission is asked again). The registry's resume
+moves it to ``deferred``. Its run no longer running: ``cancelled``, counted by the script.
+Parked before acked: a worker killed in between gets the redelivery, parked again (ZADD NX of
+the same member, counted ``paused`` once).
 """
 
 from __future__ import annotations
@@ -16,6 +25,9 @@ import redis
 
 from common.core.config import Settings
 from common.core.urls import domain_of
+from common.intake.defer import Pending
+from common.jobs.registry import JobRef
+from common.store.keys import job_key, job_parked_key, job_run_key
 from common.store.results import ResultStore
 from common.web import cache as response_cache
 from common.web import multi
@@ -27,6 +39,23 @@ from common.work.outcome import DeadLetter, Outcome, Park, wait_left_ms, waited_
 from common.work.steps.trip import Trip
 
 logger = logging.getLogger(__name__)
+
+# KEYS[1] job:{name}  KEYS[2] job:{name}:parked  KEYS[3] job:{name}:run:{run}
+# ARGV[1] the run  ARGV[2] the member. Parks it only while that run is paused (a resume or
+# cancel since the admission: 0, ask again); counted ``paused`` when new. Returns 1 or 0.
+PARK_LUA = """
+local job = redis.call('HMGET', KEYS[1], 'state', 'run')
+if job[1] ~= 'paused' or job[2] ~= ARGV[1] then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('ZADD', KEYS[2], 'NX', now, ARGV[2]) == 1 then
+  redis.call('HINCRBY', KEYS[3], 'paused', 1)
+end
+return 1
+"""
+#: Admissions asked again when a paused run changes state between the admission and its
+#: parking; past them, the page waits a second on the hold queues.
+PARK_TRIES = 3
 
 
 class Admit:
@@ -40,6 +69,7 @@ class Admit:
         self.client = client
         self.use_cache = use_cache
         self.max_wait_s = max_wait_s
+        self._park = client.register_script(PARK_LUA)
 
     @classmethod
     def from_settings(cls, settings: Settings, limiter: RateLimiter, results: ResultStore,
@@ -56,12 +86,23 @@ class Admit:
         trip.domain = domain = domain_of(url)
         rate = self.limiter.rate_for(domain, rules.crawl_delay_s() if rules else None)
         booked = message.extra.get("slot")
+        max_wait_s = self.max_wait_s if trip.job is None or self.jobs is None else \
+            self.jobs.settings_for(trip.job).max_wait_s  # a job's own MAX_WAIT_S
         trip.progress.enter("admit")
-        with multi.yielding():  # the loop's other tasks run while Redis answers
-            trip.admission = admission = self.limiter.admit(
-                domain, rate, cache_url=url if self.use_cache else None, done=done,
-                booked_ms=booked if type(booked) is int else 0,
-                max_wait_ms=wait_left_ms(message, self.max_wait_s))
+        for _ in range(PARK_TRIES):
+            with multi.yielding():  # the loop's other tasks run while Redis answers
+                trip.admission = admission = self.limiter.admit(
+                    domain, rate, cache_url=url if self.use_cache else None, done=done,
+                    booked_ms=booked if type(booked) is int else 0,
+                    max_wait_ms=wait_left_ms(message, max_wait_s), job=trip.job)
+            if admission.jobs_version is not None and self.jobs is not None:
+                self.jobs.note_version(admission.jobs_version)
+            if admission.job_verdict != "paused" or self._parked(trip):
+                break
+        else:  # paused and resumed (or cancelled) again and again meanwhile
+            return Park(1000, f"job {trip.job.scope} changing state")
+        if admission.job_verdict:
+            return _job_outcome(url, trip.job, admission.job_verdict)
         metrics.show_throttle(domain, admission.throttle)
         if admission.already_done:  # acked only once the replicas hold that outcome too
             self.results.confirm_replicated(url)
@@ -88,3 +129,23 @@ class Admit:
         if self.use_cache:
             metrics.CACHE_MISSES.inc()
         return None
+
+    def _parked(self, trip: Trip) -> bool:
+        """Store a paused run's message in its job's parked set, as delivered (its queue; the
+        delivery's TTL is not known here: the queue's own applies when it is released).
+        False: the run is no longer paused."""
+        ref = trip.job
+        member = Pending(trip.domain, trip.queue, None, trip.body).member()
+        with multi.yielding():
+            return self._park(keys=[job_key(ref.name), job_parked_key(ref.name),
+                                    job_run_key(ref.name, ref.run)],
+                              args=[ref.run, member]) == 1
+
+
+def _job_outcome(url: str, ref: JobRef, verdict: str) -> Outcome:
+    """The acked outcome of a job's message whose run is not running."""
+    if verdict == "paused":
+        return Outcome("paused", url, detail=f"job {ref.scope} paused: parked until resumed")
+    if verdict == "deleted":
+        return Outcome("cancelled", url, detail=f"job {ref.name!r} deleted: dropped")
+    return Outcome("cancelled", url, detail=f"job {ref.scope} is not running: dropped")

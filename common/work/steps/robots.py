@@ -4,6 +4,10 @@ The rules come from the worker's memory once known (common/work/robots_gate.py: 
 fetches an origin's robots.txt, the others park their URL meanwhile). Rules that cannot be had
 (RFC 9309's "unavailable") retry the URL with backoff; a path they disallow is dead-lettered
 ``robots_disallowed`` (counted ``robots_blocked``), unless its outcome is already recorded.
+
+A job whose settings turn ROBOTS_ENABLED off skips robots.txt for its own pages. A job cannot
+turn it on where the fleet has it off: the worker then has no robots gate (no rules cache, no
+robots fetcher), and the job's ``true`` changes nothing.
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ from common.work.steps.trip import Trip
 
 class Robots:
     def __init__(self, gate: RobotsGate | None, jobs: JobBook | None = None) -> None:
-        self.gate = gate  # None: ROBOTS_ENABLED is off, every URL passes
-        self.jobs = jobs  # a job's own ROBOTS_ENABLED
+        self.gate = gate  # None: ROBOTS_ENABLED is off, every URL passes (every job's too)
+        self.jobs = jobs  # a job's own ROBOTS_ENABLED (off only: see the module docstring)
 
     def ask_robots(self, trip: Trip) -> Park | Retry | DeadLetter | None:
         """Set ``trip.rules``; park, retry or dead-letter a URL they do not let through."""
         if self.gate is None:
             return None
+        if trip.job is not None and self.jobs is not None and \
+                not self.jobs.settings_for(trip.job).robots_enabled:
+            return None  # the job's own ROBOTS_ENABLED=false
         trip.progress.enter("robots")
         found = self.gate.rules(trip.url)
         if isinstance(found, Park | DeadLetter):

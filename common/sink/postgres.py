@@ -1,8 +1,11 @@
-"""The PostgreSQL sink: one row per URL holding its newest outcome, upserted a batch at a time.
+"""The PostgreSQL sink: one row per URL of a job run, its newest outcome, upserted by batch.
 
-The table (``POSTGRES_TABLE``, default ``crawl_results``) is created when missing::
+The table (``POSTGRES_TABLE``, default ``crawl_results``) is created when missing, its key
+``(job, run, url)``::
 
-    url         TEXT PRIMARY KEY   the record's url (canonical, as it was queued)
+    job         TEXT               the record's job, '' for the default job (no job field)
+    run         INTEGER            the run of that job, 0 for the default job
+    url         TEXT               the record's url (canonical, as it was queued)
     outcome     TEXT               'result' or 'dead_letter'
     stream      TEXT               'results' or 'failures': where the entry came from
     stream_id   TEXT               its stream entry id, "ms-seq"
@@ -12,22 +15,26 @@ The table (``POSTGRES_TABLE``, default ``crawl_results``) is created when missin
     record      JSONB              the whole record
     written_at  TIMESTAMPTZ        when the row was last written (default now())
 
+A table of the previous version (key ``url``) is migrated in place at start, in the
+transaction that creates a missing one, under its advisory lock: ``job`` and ``run`` added (its
+rows the default job's), the key swapped to ``(job, run, url)``; a later start changes nothing.
+
 :meth:`PostgresSink.write` writes a batch in ONE transaction: the rows are COPYed (binary) into
-a session-private temporary table, then one ``INSERT ... SELECT ... ON CONFLICT (url) DO UPDATE
-... WHERE`` the incoming entry is newer moves them into the table (COPY carries a batch of
-~5 KB records about 1.5 times faster than a multi-row INSERT with bind parameters). Stream ids are
-compared numerically as (ms, seq) — Redis stamps both streams with its clock, so a result beats
-an older dead letter and the other way round; on an exact tie the result wins. A batch holding
-one URL twice keeps its newest entry. So the write is idempotent: a batch replayed after a crash
-before XACK, or retried after a lost COMMIT reply, changes no row (not even ``written_at``), and
-an older entry never replaces a newer one, whatever order batches arrive in. The commit runs
-with ``synchronous_commit`` on: when :meth:`write` returns, the batch is on disk.
+a session-private temporary table, then one ``INSERT ... SELECT ... ON CONFLICT (job, run, url)
+DO UPDATE ... WHERE`` the incoming entry is newer moves them into the table (COPY carries a
+batch of ~5 KB records 1.5 times faster than a multi-row INSERT with bind parameters). Stream
+ids compare as numbers (ms, seq) — Redis stamps both streams with its clock, so a result beats
+an older dead letter and the other way round; on a tie the result wins; a batch holding one URL
+of a run twice keeps its newest. So the write is idempotent: a batch replayed after a crash
+before XACK, or after a lost COMMIT reply, changes no row (not even ``written_at``), and an
+older entry never replaces a newer one. The commit runs with ``synchronous_commit`` on: when
+:meth:`write` returns, the batch is on disk.
 
 Errors are not retried here: a connection error (``psycopg.OperationalError``) or any other
 ``psycopg.Error`` propagates, the batch is rolled back whole, and the caller (the sink runner)
 retries it, unacknowledged; a lost connection is dropped and the next :meth:`write` reconnects.
-An entry that no row can hold (no url: a bug upstream) is logged with its stream and id and
-skipped, since retrying cannot help and a sink stuck on it would hold back every other entry.
+An entry that no row can hold (no url, a job not text: a bug upstream) is logged with its stream
+and id and skipped: retrying cannot help, and a sink stuck on it would hold back all the rest.
 The URL's password never reaches a log or an error message.
 """
 
@@ -62,7 +69,9 @@ _NUL_ESCAPE = b"\\u0000"
 
 _CREATE = """
 CREATE TABLE IF NOT EXISTS {table} (
-    url         TEXT PRIMARY KEY,
+    job         TEXT NOT NULL DEFAULT '',
+    run         INTEGER NOT NULL DEFAULT 0,
+    url         TEXT NOT NULL,
     outcome     TEXT NOT NULL CHECK (outcome IN ('result', 'dead_letter')),
     stream      TEXT NOT NULL,
     stream_id   TEXT NOT NULL,
@@ -70,27 +79,38 @@ CREATE TABLE IF NOT EXISTS {table} (
     title       TEXT,
     fetched_at  TIMESTAMPTZ,
     record      JSONB NOT NULL,
-    written_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+    written_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, run, url)
 )"""
-
+#: The primary key's name and columns, in order (no row: no key).
+_KEY = """
+SELECT c.conname::text, array_agg(a.attname::text ORDER BY k.n) FROM pg_constraint c,
+    unnest(c.conkey) WITH ORDINALITY AS k(attnum, n), pg_attribute a WHERE c.contype = 'p'
+    AND c.conrelid = %s::regclass AND a.attrelid = c.conrelid AND a.attnum = k.attnum
+GROUP BY c.conname"""
+KEY = ["job", "run", "url"]
+#: A table of the previous version (key url) becomes this one's: its rows the default job's.
+_MIGRATE = """
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS job TEXT NOT NULL DEFAULT '',
+    ADD COLUMN IF NOT EXISTS run INTEGER NOT NULL DEFAULT 0, DROP CONSTRAINT IF EXISTS {key},
+    ADD PRIMARY KEY (job, run, url)"""
 #: Where a batch lands first: private to the session, emptied at every commit (and rollback).
 _INCOMING = """
-CREATE TEMP TABLE IF NOT EXISTS sink_incoming (
-    url TEXT, outcome TEXT, stream TEXT, stream_id TEXT, status INTEGER, title TEXT,
-    fetched_at TIMESTAMPTZ, record JSONB
-) ON COMMIT DELETE ROWS"""
-_COPY = "COPY pg_temp.sink_incoming FROM STDIN (FORMAT BINARY)"
-_COPY_TYPES = ("text", "text", "text", "text", "int4", "text", "timestamptz", "jsonb")
-
+CREATE TEMP TABLE IF NOT EXISTS sink_incoming_jobs (job TEXT, run INTEGER, url TEXT,
+    outcome TEXT, stream TEXT, stream_id TEXT, status INTEGER, title TEXT, fetched_at TIMESTAMPTZ,
+    record JSONB) ON COMMIT DELETE ROWS"""
+_COPY = "COPY pg_temp.sink_incoming_jobs FROM STDIN (FORMAT BINARY)"
+_COPY_TYPES = ("text", "int4", "text", "text", "text", "text", "int4", "text", "timestamptz",
+               "jsonb")
 #: (ms, seq, is a result) of a row's entry: what "newer" means, compared as a row.
 _ORDER = ("(split_part({t}.stream_id, '-', 1)::numeric, split_part({t}.stream_id, '-', 2)::numeric,"
           " {t}.outcome = 'result')")
-
 _UPSERT = """
-INSERT INTO {table} AS old (url, outcome, stream, stream_id, status, title, fetched_at, record)
-SELECT url, outcome, stream, stream_id, status, title, fetched_at, record
-FROM pg_temp.sink_incoming
-ON CONFLICT (url) DO UPDATE SET
+INSERT INTO {table} AS old (job, run, url, outcome, stream, stream_id, status, title, fetched_at,
+                            record)
+SELECT job, run, url, outcome, stream, stream_id, status, title, fetched_at, record
+FROM pg_temp.sink_incoming_jobs
+ON CONFLICT (job, run, url) DO UPDATE SET
     outcome = EXCLUDED.outcome, stream = EXCLUDED.stream, stream_id = EXCLUDED.stream_id,
     status = EXCLUDED.status, title = EXCLUDED.title, fetched_at = EXCLUDED.fetched_at,
     record = EXCLUDED.record, written_at = now()
@@ -101,6 +121,8 @@ WHERE """ + _ORDER.format(t="EXCLUDED") + " > " + _ORDER.format(t="old")
 class Row:
     """One entry as a table row, and its place in time (:attr:`order`)."""
 
+    job: str
+    run: int
     url: str
     outcome: str
     stream: str
@@ -112,8 +134,8 @@ class Row:
     order: tuple[int, int, bool]
 
     def params(self) -> tuple[Any, ...]:
-        return (self.url, self.outcome, self.stream, self.stream_id, self.status, self.title,
-                self.fetched_at, Jsonb(self.record, dumps=_as_is))
+        return (self.job, self.run, self.url, self.outcome, self.stream, self.stream_id,
+                self.status, self.title, self.fetched_at, Jsonb(self.record, dumps=_as_is))
 
 
 def _as_is(data: bytes) -> bytes:
@@ -155,8 +177,7 @@ def to_row(entry: Entry) -> Row:
     """The row an entry of ``results`` or ``failures`` becomes.
 
     Raises:
-        ValueError: an entry no table row can hold (unknown stream, bad id, no url, not
-            JSON).
+        ValueError: an entry no table row can hold (unknown stream, bad id, no url, not JSON).
     """
     outcome = OUTCOMES.get(entry.stream)
     match = _STREAM_ID.fullmatch(entry.id)
@@ -175,6 +196,11 @@ def to_row(entry: Entry) -> Row:
     url = record.get("url")
     if not isinstance(url, str) or not url:
         raise ValueError(f"{entry.stream} entry {entry.id} has no url")
+    job, run = record.get("job"), record.get("run")
+    if job is None or job == "default":  # the default job (its records carry no job)
+        job, run = "", 0
+    elif not isinstance(job, str) or not job or _int4(run) is None:
+        raise ValueError(f"{entry.stream} entry {entry.id} has job {job!r:.80} run {run!r:.20}")
     if outcome == "result":
         title = record.get("title")
         status, title = _int4(record.get("status")), title if isinstance(title, str) else None
@@ -182,14 +208,14 @@ def to_row(entry: Entry) -> Row:
     else:
         status, title = _int4(record.get("last_status")), None
         when = _when(record.get("last_failure")) or _when(record.get("first_failure"))
-    return Row(url, outcome, entry.stream, entry.id, status, title, when, data,
+    return Row(job, run, url, outcome, entry.stream, entry.id, status, title, when, data,
                (int(match.group(1)), int(match.group(2)), outcome == "result"))
 
 
 def newest_per_url(entries: Iterable[Entry]) -> list[Row]:
-    """One row per URL, the newest entry's, sorted by URL (so concurrent writers lock rows in
-    the same order and cannot deadlock). An entry no row can hold is logged and skipped."""
-    newest: dict[str, Row] = {}
+    """One row per URL of a job run, the newest entry's, sorted by key (concurrent writers lock
+    rows in one order: no deadlock). An entry no row can hold is logged and skipped."""
+    newest: dict[tuple[str, int, str], Row] = {}
     for entry in entries:
         try:
             row = to_row(entry)
@@ -197,10 +223,11 @@ def newest_per_url(entries: Iterable[Entry]) -> list[Row]:
             # Retrying cannot help, and a sink stuck on one entry would hold back them all.
             logger.error("postgres sink: skipping %s entry %s: %s", entry.stream, entry.id, exc)
             continue
-        kept = newest.get(row.url)
+        key = (row.job, row.run, row.url)
+        kept = newest.get(key)
         if kept is None or row.order > kept.order:
-            newest[row.url] = row
-    return [newest[url] for url in sorted(newest)]
+            newest[key] = row
+    return [newest[key] for key in sorted(newest)]
 
 
 def connect(url: str, name: str) -> psycopg.Connection:
@@ -236,9 +263,7 @@ class PostgresSink(Sink):
     name = "postgres"
 
     def __init__(self, url: str, table: str, name: str = "postgres") -> None:
-        self.name = name
-        self.table = table
-        self._url = url
+        self.name, self.table, self._url = name, table, url
         self._create = sql.SQL(_CREATE).format(table=sql.Identifier(table))
         self._upsert = sql.SQL(_UPSERT).format(table=sql.Identifier(table))
         self._conn: psycopg.Connection | None = None
@@ -246,11 +271,8 @@ class PostgresSink(Sink):
 
     @classmethod
     def from_settings(cls, settings: Settings, name: str) -> PostgresSink:
-        """The sink of ``scrape-fleet sink postgres``: POSTGRES_URL and POSTGRES_TABLE.
-
-        Raises:
-            ValueError: POSTGRES_URL is not set.
-        """
+        """The sink of ``scrape-fleet sink postgres``: POSTGRES_URL (ValueError if not set)
+        and POSTGRES_TABLE."""
         if not settings.postgres_url:
             raise ValueError("POSTGRES_URL is not set")
         return cls(settings.postgres_url, settings.postgres_table, name=name)
@@ -269,6 +291,7 @@ class PostgresSink(Sink):
                 # Two sinks starting at once must not race on CREATE TABLE IF NOT EXISTS.
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
                 conn.execute(self._create)
+                self._migrate(conn)
         except BaseException:
             conn.close()
             raise
@@ -276,6 +299,18 @@ class PostgresSink(Sink):
                     redact_url(self._url))
         self._conn = conn
         return conn
+
+    def _migrate(self, conn: psycopg.Connection) -> None:
+        """Give a table of the previous version (key url) the key (job, run, url)."""
+        table = sql.Identifier(self.table)
+        found = conn.execute(_KEY, (table.as_string(conn),)).fetchone()
+        if found is not None and found[1] == KEY:
+            return
+        logger.warning("postgres sink %s: table %s had the key %s; migrating it to (job, run, "
+                       "url), its rows the default job's", self.name, self.table,
+                       found[1] if found else None)
+        key = sql.Identifier(found[0] if found else f"{self.table}_pkey")
+        conn.execute(sql.SQL(_MIGRATE).format(table=table, key=key))
 
     def write(self, entries: list[Entry]) -> None:
         """Upsert ``entries`` in one transaction; durable when this returns.

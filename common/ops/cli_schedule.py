@@ -1,11 +1,13 @@
 """``scheduler.py`` / ``scrape-fleet schedule``: recrawls on an adaptive schedule (the command
-line; the schedule is common/intake/schedule.py, the leader's loop common/intake/recrawler.py).
+line; the schedule is common/intake/schedule.py, the leader's loop common/intake/recrawler.py)
+and, in ``run``, the job runner (common/jobs/runner.py) beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 import threading
@@ -19,17 +21,20 @@ from common.intake import recrawler as rc
 from common.intake.producer import Producer
 from common.intake.schedule import Schedule
 from common.intake.sitemaps import SitemapReader
+from common.jobs.runner import JobRunner, JobsLease
 from common.ops import cli
 from common.ops.cli_seed import iter_inputs
 from common.sink.reader import SinkReader, run_sink
 from common.store.connection import connect_redis
+
+logger = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog,
                                      description="Recrawl URLs on an adaptive schedule.")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("run", help="run the scheduler (of several replicas one is active)")
+    commands.add_parser("run", help="run the scheduler and the job runner (of several replicas one leads)")
     add = commands.add_parser("add", help="schedule URLs (canonicalised)")
     add.add_argument("urls", nargs="*", help="URLs; '-' reads them from stdin")
     add.add_argument("-f", "--file", action="append", default=[], help="one URL a line")
@@ -51,19 +56,41 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
 
 
 def run(settings: Settings, schedule: Schedule) -> int:
+    """The recrawl scheduler and, in a thread beside it, the job runner (each leads through
+    its own lease); a job runner that fails stops the process (exit 1), never leaving a
+    scheduler up that no longer runs jobs."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     client = schedule.client
+    owner = f"{settings.worker_id}/{uuid.uuid4().hex[:8]}"
+    runner = JobRunner(settings, client, JobsLease(client, int(settings.schedule_lease_s * 1000),
+                                                   owner=owner))
+    failed: list[BaseException] = []
+
+    def run_jobs() -> None:
+        try:
+            runner.run(stop)
+        except BaseException as exc:
+            logger.exception("job runner failed; stopping the scheduler")
+            failed.append(exc)
+            stop.set()
+
+    jobs = threading.Thread(target=run_jobs, name="jobs")
+    jobs.start()
 
     def learn(done: threading.Event) -> None:
         reader = SinkReader(client, rc.SINK_NAME, batch=settings.sink_batch)
         run_sink(reader, rc.Learner(schedule), done)
 
-    lease = rc.Lease(client, int(settings.schedule_lease_s * 1000),
-                     owner=f"{settings.worker_id}/{uuid.uuid4().hex[:8]}")
-    with rc.RecrawlProducer(settings, client) as producer:
-        return rc.Recrawler(settings, schedule, lease, producer, learn).run(stop)
+    lease = rc.Lease(client, int(settings.schedule_lease_s * 1000), owner=owner)
+    try:
+        with rc.RecrawlProducer(settings, client) as producer:
+            code = rc.Recrawler(settings, schedule, lease, producer, learn).run(stop)
+    finally:
+        stop.set()
+        jobs.join()
+    return 1 if failed else code
 
 
 def schedule_main(settings: Settings, argv: list[str] | None = None,

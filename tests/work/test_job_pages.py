@@ -11,10 +11,12 @@ import pytest
 
 from common.broker import topology
 from common.broker.messages import WorkMessage
+from common.core.urls import domain_of
 from common.jobs.registry import JobRef, JobRegistry
 from common.jobs.spec import parse_job
-from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, job_run_key
+from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, crawl_pages_key, job_run_key
 from common.work.processor import Processor
+from tests.helpers import drain
 
 pytestmark = pytest.mark.integration
 
@@ -143,3 +145,67 @@ def test_a_failure_counts_once_in_its_run_with_its_reason(redis_client, site, pr
     assert failures[0]["job"] == "failing" and failures[0]["run"] == job.run
     reason = failures[0]["reason"]
     assert _counters(redis_client, job) == {"failed": 1, f"failed:{reason}": 1}
+
+
+LINKS = (b'<html><body><a href="/job/a">a</a><a href="/job/b">b</a><a href="/job/c">c</a>'
+         b"</body></html>")
+
+
+def test_a_jobs_links_follow_its_crawl_settings_and_are_published_in_its_run(
+        redis_client, site, processor, amqp_channel):
+    site.route("/job/list", lambda _r: (200, HTML, LINKS))
+    url = site.url("/job/list")
+    job = _job(JobRegistry(redis_client), "crawler", url,
+               crawl={"max_depth": 1, "max_pages_per_domain": 2})
+    assert processor.process(_body(url, job), topology.NORMAL_QUEUE).kind == "result"
+    published = [WorkMessage.from_json(body)
+                 for _m, _p, body in drain(amqp_channel, topology.NORMAL_QUEUE)]
+    assert len(published) == 2  # the run's budget: 2 pages of the domain, not the fleet's
+    assert {(m.extra.get("job"), m.extra.get("run"), m.depth) for m in published} == {
+        ("crawler", job.run, 1)}
+    domain = domain_of(url)
+    assert redis_client.get(crawl_pages_key(f"{job.scope}|{domain}")) == b"2"
+    assert redis_client.get(crawl_pages_key(domain)) is None  # the fleet's budget untouched
+    record = next(r for r in _stream(redis_client, RESULTS_STREAM) if r["url"] == url)
+    assert record["followed"] == 2 and record["job"] == "crawler"
+
+    site.route("/job/other", lambda _r: (200, HTML, LINKS))  # the fleet: no crawl mode
+    other = site.url("/job/other")
+    assert processor.process(_body(other, None), topology.NORMAL_QUEUE).kind == "result"
+    assert drain(amqp_channel, topology.NORMAL_QUEUE) == []
+
+
+def test_a_jobs_redirect_to_another_host_is_handed_off_in_its_run(
+        redis_client, site, processor, amqp_channel):
+    target = f"http://localhost:{site.port}/job/moved"
+    site.route("/job/old", lambda _r: (301, {"Location": target}, b""))
+    url = site.url("/job/old")
+    job = _job(JobRegistry(redis_client), "mover", url)
+    outcome = processor.process(_body(url, job), topology.NORMAL_QUEUE)
+    assert outcome.kind == "result", outcome.detail
+    record = _stream(redis_client, RESULTS_STREAM)[0]
+    assert record["redirect"] == "queued" and (record["job"], record["run"]) == ("mover",
+                                                                               job.run)
+    [(_m, _p, body)] = drain(amqp_channel, topology.NORMAL_QUEUE)
+    moved = WorkMessage.from_json(body)
+    assert moved.url == target and moved.extra["redirected_from"] == url
+    assert (moved.extra["job"], moved.extra["run"]) == ("mover", job.run)
+    assert _counters(redis_client, job)["results"] == 1
+
+
+def test_a_replaced_jobs_next_run_is_read_with_its_new_rules(redis_client, site, processor):
+    for path in ("/job/page", "/job/page2"):
+        site.route(path, lambda _r: (200, HTML, PAGE))
+    url, url2 = site.url("/job/page"), site.url("/job/page2")
+    registry = JobRegistry(redis_client)
+    job = _job(registry, "edited", url, rules=_rules("heading", "h1"))
+    assert processor.process(_body(url, job), topology.NORMAL_QUEUE).kind == "result"
+    registry.cancel("edited")  # replaced between runs
+    registry.submit(parse_job({"name": "edited", "seeds": {"urls": [url]}, "rules": [
+        {"name": "price", "path": "^/job/page2?$", "fields": {"price": ".price"}}]}),
+        replace=True)
+    later = registry.start_run("edited")
+    assert later.run == job.run + 1
+    assert processor.process(_body(url2, later), topology.NORMAL_QUEUE).kind == "result"
+    data = {r["url"]: r["data"] for r in _stream(redis_client, RESULTS_STREAM)}
+    assert data == {url: {"heading": "Kettle"}, url2: {"price": "12.50"}}

@@ -33,23 +33,30 @@ class JobBook:
     def note_version(self, version: int) -> None:
         """The version an admit answer carried: reload when it moved."""
         if version != self.version:
-            self.reload()
+            self.reload(version)
 
-    def reload(self) -> None:
+    def reload(self, version: int | None = None) -> None:
         """Read every definition again (the version first: a change after it is seen
-        next time)."""
+        next time). ``version``: the one that made the caller reload; another fetch loop
+        that has loaded it meanwhile spares this one the read."""
         with self._lock:
+            if version is not None and version == self.version:
+                return
             version = self.registry.version()
             specs = self.registry.specs()
             self._specs, self._settings, self.version = specs, {}, version
         logger.info("job book: %d job(s) at version %d", len(specs), version)
 
     def spec(self, ref: JobRef) -> JobSpec | None:
-        """The job's definition; None once it was deleted."""
+        """The job's definition; None once it was deleted (asked again, the book costs one
+        GET of ``jobs:version`` and reloads only when it moved: a deleted job's pages, still
+        queued, do not reread every definition each)."""
         spec = self._specs.get(ref.name)
         if spec is None:
-            self.reload()  # submitted since the last load
-            spec = self._specs.get(ref.name)
+            current = self.registry.version()
+            if current != self.version:  # submitted since the last load
+                self.reload(current)
+                spec = self._specs.get(ref.name)
         return spec
 
     def settings_for(self, ref: JobRef | None) -> Settings:

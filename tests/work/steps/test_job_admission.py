@@ -232,3 +232,16 @@ def test_the_heartbeat_counts_a_workers_pages_in_flight_per_job_run():
                                                                          "news/1": 0}},
                {"id": "w3"}]
     assert runs_in_flight(workers) == {"shop/2": 3}
+
+
+def test_the_book_asks_only_for_the_version_about_a_job_it_does_not_have(
+        settings, redis_client, registry):
+    book = JobBook(settings, redis_client)
+    book.reload()
+    redis_client.config_resetstat()
+    ghost = JobRef("ghost", 1)
+    assert book.spec(ghost) is None and book.spec(ghost) is None
+    stats = redis_client.info("commandstats")
+    assert "cmdstat_hgetall" not in stats and stats["cmdstat_get"]["calls"] == 2
+    _job(registry, "ghost")
+    assert book.spec(ghost) is not None and book.version == registry.version()

@@ -127,7 +127,7 @@ def test_a_scheduled_job_runs_twice_each_with_its_own_run_counters_and_one_webho
             output_of(workers[0])
         assert wait_for(lambda: len(site.requests_for("/status/204")) >= 2, 10)
         runs = [registry.counters(JobRef("daily", n)) for n in (1, 2)]
-        assert registry.state("daily").next_run > 0  # run 3 planned
+        assert wait_for(lambda: registry.state("daily").next_run > 0, 5)  # run 3 planned
     for counters in runs:
         assert counters["known"] == 5 and counters["results"] == 5
     assert runs[1]["started"] - runs[0]["started"] >= 2000
@@ -164,7 +164,7 @@ def test_a_cancelled_scheduled_job_is_not_run_again(settings, redis_client, site
 
 def test_a_runner_killed_mid_seeding_is_replaced_and_the_run_gets_every_url_once(
         settings, redis_client, site, workers):
-    n_urls = 1200
+    n_urls = 800
     urls = [site.url(f"/page/{n % 300 + 1}?k={n}") for n in range(n_urls)]
     registry = submit(redis_client, "big", urls)
     env = {**FAST_ENV, "PRODUCER_BATCH": "20"}
@@ -172,7 +172,7 @@ def test_a_runner_killed_mid_seeding_is_replaced_and_the_run_gets_every_url_once
     ref = JobRef("big", 1)
     try:
         assert wait_for(lambda: int(redis_client.hget(job_run_key("big", 1), "known") or 0)
-                        >= 150, 60), output_of(first)
+                        >= 120, 60), output_of(first)
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
         killed_at = registry.counters(ref)["known"]
@@ -183,15 +183,18 @@ def test_a_runner_killed_mid_seeding_is_replaced_and_the_run_gets_every_url_once
             assert redis_client.get(JOBS_LEASE).decode().split(":", 1)[1].startswith(
                 "runner-b/")
             assert registry.counters(ref)["known"] == n_urls
-            for _ in range(2):
-                workers.append(start_worker_process(settings, env=FAST_ENV))
-            assert wait_for(state_is(registry, "big", "finished"), 120), output_of(second)
         finally:
+            # Its recrawl learner, a result sink, would trim the results stream under us:
+            # an in-process runner (no learner) sees the run to its end.
             second.kill()
             second.wait(10)
     finally:
         if first.poll() is None:
             first.kill()
+    for _ in range(2):
+        workers.append(start_worker_process(settings, env=FAST_ENV))
+    with runner_thread(settings):
+        assert wait_for(state_is(registry, "big", "finished"), 120), output_of(workers[0])
     counters = registry.counters(ref)
     assert counters["known"] == n_urls and counters["results"] == n_urls
     records = Counter(r["url"] for r in results(redis_client) if r.get("job") == "big")

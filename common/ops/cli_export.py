@@ -12,6 +12,10 @@ where they are complete, and a line on stderr saying where that was.
   sink has written every result).
 - **The stream**, otherwise, and always with ``--follow``.
 
+Whichever the source, the records are one job's: ``--job NAME`` (every run, or ``--run N``),
+else the default job's (the records without a job). A job's parts are in
+``SINK_DIR/jobs/NAME/run-N/``, the default job's in SINK_DIR itself.
+
 Each ``*_main`` is a command of common/ops/console.py and the body of its root script.
 """
 
@@ -33,11 +37,19 @@ from common.ops.export import (
     FORMATS,
     Entry,
     Exporter,
+    of_job,
+    parse_job,
     parse_stream_id,
     read_entries,
     since_to_stream_id,
 )
-from common.ops.export_files import file_entries, parse_id, parts, read_through_files, sink_reads
+from common.ops.export_files import (
+    file_entries,
+    holds_parts,
+    parse_id,
+    read_through_files,
+    sink_reads,
+)
 from common.store.connection import connect_redis
 from common.store.keys import RESULTS_STREAM
 from common.store.results import ResultStore
@@ -59,6 +71,11 @@ def export_args(argv: list[str] | None = None, prog: str | None = None) -> argpa
     start.add_argument("--since", type=cli.argument(since_to_stream_id), metavar="TIME",
                        help="first time: ISO 8601 (no offset = UTC) or Unix epoch seconds")
     parser.add_argument("--limit", type=cli.positive_int, metavar="N", help="stop after N records")
+    parser.add_argument("--job", type=cli.argument(parse_job), metavar="NAME",
+                        help="export that job's records (default: the default job's, the "
+                             "records without a job)")
+    parser.add_argument("--run", type=cli.positive_int, metavar="N",
+                        help="only run N of --job (default: every run, in order)")
     parser.add_argument("--follow", action="store_true",
                         help="after the backlog, keep exporting new records until stopped "
                              "(reads the stream)")
@@ -77,6 +94,8 @@ def export_args(argv: list[str] | None = None, prog: str | None = None) -> argpa
     if args.follow and (args.sink_dir is not None or args.files_only):
         parser.error("argument --follow: reads the stream, not the sink's parts (the files "
                      "sink trims the stream: read its files with zcat instead)")
+    if args.run is not None and args.job is None:
+        parser.error("argument --run: needs --job NAME (the default job has no runs)")
     args.start = args.from_id or args.since or "-"
     if args.output not in (None, "-") and not Path(args.output).resolve().parent.is_dir():
         parser.error(f"argument --output: no such directory: {Path(args.output).parent}")
@@ -86,10 +105,11 @@ def export_args(argv: list[str] | None = None, prog: str | None = None) -> argpa
 def parts_dir(args: argparse.Namespace, settings: Settings,
               environ: Mapping[str, str]) -> Path | None:
     """The files sink's directory to read: ``--sink-dir``, else ``SINK_DIR`` when it is set
-    (not the default ``results`` of whatever directory this runs in) and holds parts."""
+    (not the default ``results`` of whatever directory this runs in) and holds parts (of any
+    job)."""
     if args.sink_dir is not None:
         return Path(args.sink_dir)
-    if environ.get("SINK_DIR") and parts(Path(settings.sink_dir)):
+    if environ.get("SINK_DIR") and holds_parts(Path(settings.sink_dir)):
         return Path(settings.sink_dir)
     return None
 
@@ -105,25 +125,25 @@ def export_main(settings: Settings, argv: list[str] | None = None,
                   "SINK_DIR set to a directory holding them", file=sys.stderr)
             return cli.EXIT_CONFIG
         _say(f"from the files sink's parts in {directory} alone, without Redis: every result "
-             "the sink has written")
+             f"the sink has written{_which(args)}")
         begin = (0, 0) if args.start == "-" else parse_id(args.start)
-        return _to_output(args, lambda _out: file_entries(directory, begin))
+        return _to_output(args, lambda _out: file_entries(directory, begin, args.job, args.run))
     store = ResultStore(connect_redis(settings), settings.results_maxlen)
     if args.follow:
         # docker stop / kill end a follower the way Ctrl-C does: output flushed, summary logged.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         _say(f"from the Redis stream `{RESULTS_STREAM}` (--follow reads the stream"
-             + (f"; {directory} is not read)" if directory else ")"))
+             + (f"; {directory} is not read)" if directory else ")") + _which(args))
     elif directory is not None and sink_reads(store.client, args.sink_name):
         _say(f"from the files sink's parts in {directory}, once the sink ({args.sink_name}) "
-             "has written every result recorded so far")
+             f"has written every result recorded so far{_which(args)}")
         return _to_output(args, lambda _out: read_through_files(
-            store, directory, args.start, sink_name=args.sink_name))
+            store, directory, args.start, sink_name=args.sink_name, job=args.job, run=args.run))
     elif directory is not None:
         _say(f"from the Redis stream `{RESULTS_STREAM}`: no sink named {args.sink_name!r} "
-             f"reads it, so {directory} is not read")
+             f"reads it, so {directory} is not read{_which(args)}")
     else:
-        _say(f"from the Redis stream `{RESULTS_STREAM}`")
+        _say(f"from the Redis stream `{RESULTS_STREAM}`{_which(args)}")
     return _to_output(args, lambda out: read_entries(store, args.start, follow=args.follow,
                                                      before_block=out.flush))
 
@@ -132,20 +152,29 @@ def _say(text: str) -> None:
     print(f"export: {text}", file=sys.stderr, flush=True)
 
 
+def _which(args: argparse.Namespace) -> str:
+    if args.job is None:
+        return "; the default job's records (--job NAME for a job's)"
+    return f"; job {args.job}, " + (f"run {args.run}" if args.run else "every run")
+
+
 #: The records to write, given the stream they go to (a follower flushes it before waiting).
 Source = Callable[[TextIO], Iterable[Entry]]
 
 
 def _to_output(args: argparse.Namespace, source: Source) -> int:
+    """Export the selected job's records of ``source`` (a job's folders hold only its records;
+    the stream holds every job's) to ``--output`` or stdout."""
     if args.output in (None, "-"):
-        return export(args, source(sys.stdout), sys.stdout, "stdout")
+        return export(args, of_job(source(sys.stdout), args.job, args.run), sys.stdout,
+                      "stdout")
     try:
         handle = open(args.output, "w", encoding="utf-8", newline="")  # noqa: SIM115
     except OSError as exc:
         print(f"error: cannot open --output {args.output}: {exc}", file=sys.stderr)
         return cli.EXIT_CONFIG
     with handle:
-        return export(args, source(handle), handle, args.output)
+        return export(args, of_job(source(handle), args.job, args.run), handle, args.output)
 
 
 def export(args: argparse.Namespace, entries: Iterable[Entry], out: TextIO,

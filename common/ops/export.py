@@ -4,8 +4,9 @@ Reading (:func:`read_entries`): XRANGE in batches from a start id (inclusive); w
 then XREAD BLOCK from the last id seen, for as long as the caller keeps iterating.
 Writing (:class:`Exporter`): JSON Lines are the stored record plus ``id`` (its stream id);
 CSV has the fixed columns of :data:`CSV_COLUMNS` (``data``, what EXTRACT_RULES extracted, as
-one JSON cell). Everything except :func:`read_entries` is
-pure and needs no Redis.
+one JSON cell). Selecting (:func:`of_job`): the records of one job (a run, or every run), or
+of the default job (records without one). Everything except :func:`read_entries` is pure and
+needs no Redis.
 
 Stream ids are ``MS-SEQ`` with ``MS`` the Redis clock in Unix milliseconds, so a time maps to
 the first id at or after it (:func:`since_to_stream_id`).
@@ -19,11 +20,13 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any, TextIO
 
 import redis
 
 from common.core.errors import ServiceUnavailable
+from common.sink.files import DEFAULT_JOB, job_dir
 from common.store.keys import RESULTS_STREAM
 from common.store.results import ResultStore
 
@@ -170,6 +173,31 @@ def _text(value: bytes | str) -> str:
 
 def _decode(fields: dict) -> dict[str, Any]:
     return json.loads(fields[b"json"] if b"json" in fields else fields["json"])
+
+
+def parse_job(text: str) -> str | None:
+    """Check a job name given by a user; None for ``default`` (the records without a job).
+
+    Raises:
+        ValueError: not a job name.
+    """
+    if text == DEFAULT_JOB:
+        return None
+    job_dir(Path("."), text)  # raises ValueError for what no job can be named
+    return text
+
+
+def of_job(entries: Iterable[Entry], job: str | None = None,
+           run: int | None = None) -> Iterator[Entry]:
+    """The entries of run ``run`` of job ``job`` (every run for None); with ``job`` None, the
+    default job's: the records without a job."""
+    for entry_id, record in entries:
+        name = record.get("job")
+        if job is None:
+            if name is None or name == DEFAULT_JOB:
+                yield entry_id, record
+        elif name == job and (run is None or (type(n := record.get("run")) is int and n == run)):
+            yield entry_id, record
 
 
 def jsonl_line(entry_id: str, record: dict[str, Any]) -> str:

@@ -11,6 +11,10 @@ first, each up to its last complete gzip member, and keeps the ``results`` lines
 to the snapshot's end, each once. Exact, whatever the sink does meanwhile; what is recorded
 after the snapshot began comes in the next export. :func:`file_entries` alone is ``--files-only``
 (no Redis: what the sink has written, all of it after a local ``down``).
+
+The default job's parts are in DIR itself, a job's in ``DIR/jobs/NAME/run-N/``
+(common/sink/files.py): :func:`job_folders` says which folders hold a selection, read one after
+the other (a job's runs in order), each in the order the sink wrote it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,15 @@ import redis
 
 from common.core.errors import ServiceUnavailable
 from common.ops.export import Entry
-from common.sink.files import FINAL_PREFIX, FINAL_SUFFIX, PART_PREFIX, PART_SUFFIX
+from common.sink.files import (
+    FINAL_PREFIX,
+    FINAL_SUFFIX,
+    JOB_NAME,
+    JOBS_DIR,
+    PART_PREFIX,
+    PART_SUFFIX,
+    job_dir,
+)
 from common.store.keys import RESULTS_STREAM, sink_group
 from common.store.results import ResultStore
 
@@ -72,9 +84,43 @@ def part_lines(path: Path) -> Iterator[dict[str, Any]]:
                      path.name, exc)
 
 
-def file_entries(directory: Path, start: StreamId) -> Iterator[Entry]:
-    """``results`` records of the parts with an id at/after ``start``, each once (ids grow
-    in a sink's files; a replayed entry it wrote again is skipped)."""
+def job_folders(directory: Path, job: str | None = None, run: int | None = None) -> list[Path]:
+    """The folders of the files sink writing to ``directory`` that hold run ``run`` of job
+    ``job``: ``directory`` itself for the default job (``job`` None), the run's folder, or for
+    ``run`` None every run's folder there is, in run order.
+
+    Raises:
+        ValueError: not a job name or a run number.
+    """
+    if job is None or run is not None:
+        return [job_dir(directory, job, run)]
+    runs = [(int(path.name[4:]), path) for path in job_dir(directory, job).glob("run-*")
+            if path.name[4:].isdigit() and path.is_dir()]
+    return [path for _run, path in sorted(runs)]
+
+
+def holds_parts(directory: Path) -> bool:
+    """Whether a files sink wrote parts in ``directory``, for the default job or any job."""
+    return bool(parts(directory)) or any(
+        parts(folder) for folder in sorted((directory / JOBS_DIR).glob("*/run-*"))
+        if JOB_NAME.fullmatch(folder.parent.name))
+
+
+def file_entries(directory: Path, start: StreamId, job: str | None = None,
+                 run: int | None = None, end: StreamId | None = None) -> Iterator[Entry]:
+    """``results`` records of run ``run`` of job ``job`` (every run for None; the default job
+    for ``job`` None) in the parts with an id from ``start`` to ``end`` (inclusive), folder
+    after folder."""
+    for folder in job_folders(directory, job, run):
+        for ident, record in folder_entries(folder, start):
+            if end is not None and parse_id(ident) > end:
+                break  # ids grow in a folder; the next folder may hold older ones
+            yield ident, record
+
+
+def folder_entries(directory: Path, start: StreamId) -> Iterator[Entry]:
+    """``results`` records of one folder's parts with an id at/after ``start``, each once (ids
+    grow in a folder; a replayed entry the sink wrote again is skipped)."""
     seen: StreamId | None = None
     for path in parts(directory):
         for line in part_lines(path):
@@ -90,8 +136,10 @@ def file_entries(directory: Path, start: StreamId) -> Iterator[Entry]:
 
 
 def read_through_files(store: ResultStore, directory: Path, start: str = "-", *,
-                       sink_name: str = "files", wait_s: float = 30.0) -> Iterator[Entry]:
-    """Every result from ``start`` to the stream's newest id now, from the files sink's parts.
+                       sink_name: str = "files", wait_s: float = 30.0, job: str | None = None,
+                       run: int | None = None) -> Iterator[Entry]:
+    """Every result from ``start`` to the stream's newest id now, from the files sink's parts:
+    of the default job, or of run ``run`` of job ``job`` (every run for None).
 
     Raises:
         ServiceUnavailable: Redis failed, or the sink did not write up to the snapshot's end
@@ -104,10 +152,7 @@ def read_through_files(store: ResultStore, directory: Path, start: str = "-", *,
     except redis.RedisError as exc:
         raise ServiceUnavailable(f"Redis failed while reading {RESULTS_STREAM}: "
                                  f"{type(exc).__name__}: {exc}") from None
-    for ident, record in file_entries(directory, begin):
-        if parse_id(ident) > end:
-            return
-        yield ident, record
+    yield from file_entries(directory, begin, job, run, end)
 
 
 def sink_reads(client: redis.Redis, sink_name: str = "files") -> bool:

@@ -52,7 +52,10 @@ class Entry:
         id: the stream entry id, ``"<ms>-<seq>"`` (e.g. ``"1732230000123-0"``): unique
             within its stream and growing, so it tells a replayed entry from a new one.
         record: the decoded JSON record (``url``, ``status``, ``title``, your handler's
-            items, ...).
+            items, ...). A record of a job carries ``job`` (its name) and ``run`` (an
+            integer >= 1); the default job's records have neither. The built-in sinks keep
+            them apart (files: ``SINK_DIR/jobs/{job}/run-{run}/``; PostgreSQL: the key
+            ``(job, run, url)``). Check the name before using it in a path: a record is data.
     """
 
     stream: str

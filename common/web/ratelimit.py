@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import redis
 
@@ -66,8 +66,15 @@ from common.web.throttle import (
     read_states,
 )
 
-if TYPE_CHECKING:
-    from common.jobs.registry import JobRef
+
+class JobRun(Protocol):
+    """A message's job run (common.jobs.registry.JobRef; the jobs room is above this one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def run(self) -> int: ...
 
 # KEYS[1] content:{url}   KEYS[2] ratelimit:{domain}   KEYS[3] ratelimit:{domain}:next
 # KEYS[4] done:{b} (or "" to skip the check)   KEYS[5] throttle:{domain}   KEYS[6] throttled
@@ -231,7 +238,7 @@ class RateLimiter:
 
     def admit(self, domain: str, rate: Rate, cache_url: str | None = None,
               done: DoneMark | None = None, booked_ms: int = 0,
-              max_wait_ms: int = -1, job: JobRef | None = None) -> Admission:
+              max_wait_ms: int = -1, job: JobRun | None = None) -> Admission:
         """One round trip: already done, a cache hit, a permit now, or how long to wait for a
         booked slot. ``done`` is the URL's done mark, checked first;
         ``booked_ms`` the slot this URL was given when it was parked (it keeps its place);

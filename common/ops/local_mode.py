@@ -1,21 +1,24 @@
-"""Local mode: ``scrape-fleet up`` starts RabbitMQ, Redis, N workers and the files sink on this
-machine, on loopback, in the background; ``scrape-fleet down`` stops them without losing work.
+"""Local mode: ``scrape-fleet up`` starts RabbitMQ, Redis, N workers, the files sink and the
+scheduler (its job runner runs the jobs) on this machine, on loopback, in the background;
+``scrape-fleet down`` stops them without losing work.
 
 ``up`` starts, in this order, each in its own process group and recorded in state.json as soon
 as it runs (so ``down`` can stop a half-started fleet): RabbitMQ from Debian's scripts
 (:class:`~common.ops.rabbit_node.RabbitNode`; AMQP on 5672, the management UI on 15672 when
 free, else free ports), Redis with an AOF and a password, the files sink (registered before any
-result, so the streams keep every entry until it is in the files), then the workers. It waits
-for each (the sink's registration, the workers' heartbeats), writes fleet.env and prints how to
-seed, watch, export and stop, and the settings it runs with: those kept in settings.env from
-the last run, updated by the environment, ``--set`` and ``--allow-network``
-(:mod:`common.ops.fleet_settings`), and kept again for the next. Everything lives in one directory (:mod:`common.ops.fleet_dir`),
-kept between runs: queued URLs, results and the seen-set are there again after the next ``up``.
+result, so the streams keep every entry until it is in the files), the workers, then
+``schedule run``. It waits for each (the sink's registration, the workers' heartbeats, the job
+runner's lease), writes fleet.env and prints how to seed, watch, export and stop, and the
+settings it runs with: those kept in settings.env from the last run, updated by the
+environment, ``--set`` and ``--allow-network`` (:mod:`common.ops.fleet_settings`), and kept
+again for the next. Everything lives in one directory (:mod:`common.ops.fleet_dir`), kept
+between runs: queued URLs, results and the seen-set are there again after the next ``up``.
 
 ``down`` stops in the order that loses nothing: the workers get SIGTERM and finish what they
 hold (ack after the outcome is durable; a worker still busy after ``--timeout`` is killed and
-the broker redelivers what it held at the next ``up``), the sink writes what is left, Redis
-saves and shuts down, RabbitMQ stops with ``rabbitmqctl stop``. Erlang's port mapper
+the broker redelivers what it held at the next ``up``), the sink and the scheduler's learner
+read what is left, the scheduler stops (a half-seeded run is seeded on at the next ``up``),
+Redis saves and shuts down, RabbitMQ stops with ``rabbitmqctl stop``. Erlang's port mapper
 (``epmd``), shared by every node on the machine, may stay, as it does after any RabbitMQ.
 """
 
@@ -59,7 +62,7 @@ from common.ops.servers import (
     tail,
 )
 from common.store.backlog import read_fill
-from common.store.keys import SINKS, worker_key
+from common.store.keys import JOBS_LEASE, SINKS, worker_key
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -158,6 +161,11 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
         fleet.write_state(started, **state)
         for worker_id, proc in workers.items():
             _wait_ready(proc, fleet, lambda w=worker_id: client.exists(worker_key(w)))
+        # The job runner (and recrawl scheduler): ready once it holds its lease.
+        started.append(_spawn(fleet, "scheduler", ["schedule", "run"], env,
+                              {"WORKER_ID": "local-scheduler"}))
+        fleet.write_state(started, **state)
+        _wait_ready(started[-1], fleet, lambda: client.exists(JOBS_LEASE))
     except BaseException:
         print("start failed: stopping what started", file=sys.stderr)
         stop_fleet(fleet, timeout_s=30, say=lambda text: print(text, file=sys.stderr))
@@ -257,6 +265,9 @@ def stop_fleet(fleet: FleetDir, *, timeout_s: float, say: Callable[[str], None] 
         say(f"sink: every result is in {fleet.results}; stopped" if left == 0 else
             f"sink: stopped; {left} entries left for it in Redis (written at the next up)"
             if left else "sink: stopped (its backlog could not be read)")
+    if (scheduler := by_name.get("scheduler")) and scheduler.alive:  # its learner read too
+        clean = scheduler.stop(30) and clean
+        say("scheduler: stopped (jobs go on at the next up)")
     if (server := by_name.get("redis")) and server.alive:
         saved = bool(_on_redis(redis_url, "SHUTDOWN SAVE", _save_and_shut_down)) \
             and server.wait(30)
@@ -322,8 +333,8 @@ def started_text(fleet: FleetDir, workers: int, *, already: bool = False) -> str
               (f"scrape-fleet down{_dir_flag(fleet)}", "stop: workers finish what they hold")]
     width = max(len(command) for command, _ in steps) + 2
     return "\n".join([
-        f"scrape-fleet is {'already ' if already else ''}up: {workers} workers and the files "
-        f"sink, data in {fleet.path}",
+        f"scrape-fleet is {'already ' if already else ''}up: {workers} workers, the files "
+        f"sink and the scheduler (jobs), data in {fleet.path}",
         # The password is never printed: it is in fleet.env (mode 0600), RABBITMQ_MANAGEMENT_URL.
         f"  RabbitMQ management UI: http://localhost:{ui.port}  user "
         f"{unquote(ui.username or '')}  password: RABBITMQ_MANAGEMENT_URL in {fleet.env_file}",

@@ -7,6 +7,13 @@ Redis's compact intset encoding (set-max-intset-entries, 512 by default): about 
 plus a small per-key overhead, where a set of hex strings costs 80+ bytes (NOTES.md #4).
 Exact: the only false positive is a full 64-bit collision inside one bucket.
 
+A job's run has its own fingerprints (``job_fingerprint``, scope "name/run") in the same sets.
+Its claim script also holds ``limits.pages``: a new URL is claimed only while the run's
+``known`` plus its live reservations (``job:{name}:run:{n}:claimed``, one per claimed URL not
+yet seen, ending with the claim) stay under it; its mark-seen script raises ``known`` by the
+URLs newly seen. So the limit is exact across producers and workers; a reservation that outlived
+its claim (a publish slower than CLAIM_TTL_MS) is the one way past it.
+
 Every operation is one pipelined round trip for a whole batch.
 """
 
@@ -149,20 +156,22 @@ end
 for i = 1, n do
   local claim = KEYS[2 * i]
   local member = ARGV[4 + i]
-  local holder = redis.call('GET', claim)
   if redis.call('SISMEMBER', KEYS[2 * i - 1], member) == 1 then
     held[i] = 0
-  elseif holder and holder ~= ARGV[1]
-         and (prefix == '' or string.sub(holder, 1, #prefix) ~= prefix) then
-    held[i] = 0
-  elseif reserved and not redis.call('ZSCORE', reserved, member) and room <= 0 then
-    held[i] = 2
   else
-    redis.call('SET', claim, ARGV[1], 'PX', ARGV[2])
-    if reserved then
-      if redis.call('ZADD', reserved, lease_end, member) == 1 then room = room - 1 end
+    local holder = redis.call('GET', claim)
+    if holder and holder ~= ARGV[1]
+       and (prefix == '' or string.sub(holder, 1, #prefix) ~= prefix) then
+      held[i] = 0
+    elseif reserved and not redis.call('ZSCORE', reserved, member) and room <= 0 then
+      held[i] = 2
+    else
+      redis.call('SET', claim, ARGV[1], 'PX', ARGV[2])
+      if reserved and redis.call('ZADD', reserved, lease_end, member) == 1 then
+        room = room - 1
+      end
+      held[i] = 1
     end
-    held[i] = 1
   end
 end
 if reserved then redis.call('PEXPIRE', reserved, ARGV[2]) end

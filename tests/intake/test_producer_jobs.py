@@ -14,12 +14,16 @@ from common.broker.messages import WorkMessage
 from common.core.urls import fingerprint, job_fingerprint
 from common.intake.defer import Pending, Releaser
 from common.intake.producer import Producer
+from common.intake.sitemaps import SitemapReader, produce_site
 from common.jobs.registry import JobRef, JobRegistry
 from common.jobs.spec import JobSpec
 from common.jobs.spec_fields import Limits
+from common.ops.cli_seed import seed_main
 from common.store.dedupe import SeenSet
 from common.store.keys import DEFERRED, DEFERRED_INFLIGHT, deferred_next_key, job_run_key
+from devtools.testsite import TestSite
 from tests.helpers import drain, queue_depth
+from tests.intake.sitemap_bodies import urlset
 
 SHOP = JobRef("shop", 1)
 NEWS = JobRef("news", 1)
@@ -184,3 +188,39 @@ def test_a_job_given_without_its_spec_takes_its_stored_terms(settings, redis_cli
     assert (summary.new, summary.over_budget) == (2, 1)
     assert summary.per_queue[topology.PRIORITY_QUEUE] == 2
     assert registry.counters(ref)["known"] == 2
+
+
+def test_a_sitemap_seeds_into_a_job_and_counts_in_its_run(settings, redis_client, amqp_channel):
+    with TestSite(pages=3) as site:
+        urls = [site.url(f"/m/{i}") for i in range(3)]
+        site.route("/map.xml", lambda _r: (200, {"Content-Type": "application/xml"},
+                                           urlset(*urls)))
+        reader = SitemapReader(settings, redis_client)
+        with Producer(settings, redis_client) as producer:
+            report = produce_site(site.url("/map.xml"), reader, producer, job=SHOP,
+                                  job_spec=_spec("shop", limits=Limits(pages=2)))
+    assert (report.errors, report.summary.new, report.summary.over_budget) == ([], 2, 1)
+    assert {(m.extra["job"], m.extra["run"]) for m in _messages(amqp_channel)} == {("shop", 1)}
+    assert _known(redis_client, SHOP) == 2
+
+
+def test_seed_adds_urls_to_a_running_job_and_refuses_a_job_not_running(
+        settings, redis_client, amqp_channel, capsys):
+    registry = JobRegistry(redis_client)
+    registry.submit(_spec("shop"))
+    urls = ["http://127.0.0.1:9/more/1", "http://127.0.0.1:9/more/2"]
+    assert seed_main(settings, ["--job", "shop", *urls]) != 0, "a created job took URLs"
+    assert "is created, not running" in capsys.readouterr().err
+    assert seed_main(settings, ["--job", "nosuch", *urls]) != 0
+    assert "no job named 'nosuch'" in capsys.readouterr().err
+    assert queue_depth(amqp_channel, topology.NORMAL_QUEUE) == 0
+    ref = registry.start_run("shop")
+    assert seed_main(settings, ["--job", "shop", "--json", *urls, urls[0]]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["job"], summary["run"], summary["new"], summary["duplicate"]) == (
+        "shop", 1, 2, 1)
+    assert registry.counters(ref)["known"] == 2
+    registry.pause("shop")
+    assert seed_main(settings, ["--job", "shop", "http://127.0.0.1:9/more/3"]) != 0
+    assert "is paused, not running" in capsys.readouterr().err
+    assert {m.extra["job"] for m in _messages(amqp_channel)} == {"shop"}

@@ -11,8 +11,8 @@ A job's run has its own fingerprints (``job_fingerprint``, scope "name/run") in 
 Its claim script also holds ``limits.pages``: a new URL is claimed only while the run's
 ``known`` plus its live reservations (``job:{name}:run:{n}:claimed``, one per claimed URL not
 yet seen, ending with the claim) stay under it; its mark-seen script raises ``known`` by the
-URLs newly seen. So the limit is exact across producers and workers; a reservation that outlived
-its claim (a publish slower than CLAIM_TTL_MS) is the one way past it.
+URLs newly seen. So the limit is exact across producers and workers, but for a publish slower
+than CLAIM_TTL_MS (its reservation lapses before its confirm is counted).
 
 Every operation is one pipelined round trip for a whole batch.
 """

@@ -147,10 +147,22 @@ class GivingUp:
         return self.done.contains(self.done_mark(url, message))
 
     def dead_letter_raw(self, body: bytes, url: str, reason: str, error: str) -> Outcome:
+        """Dead-letter a body no step could act on (not a message; the processing raised). A
+        job's message among them still ends its URL in its run: its failure record carries
+        the job and its done mark, so the run counts it, once."""
         headers = dead_letter_headers(reason, last_error=error)
         self.client.hincrby(COUNTERS, f"dead_lettered:{reason}", 1)
-        return dead_letter(url, body, headers, f"{reason}: {error}",
-                           self._failure_record(url, headers, None, None))
+        record, mark = self._failure_record(url, headers, None, None), None
+        try:
+            message = WorkMessage.from_json(body)
+            job = JobRef.of(message.extra)
+            canonical = canonicalize(message.url, max_length=self.max_url_length)
+        except (BadMessage, InvalidURL):
+            job = None  # not a job's URL to end: the record as it is
+        if job is not None:
+            record.update(url=canonical, depth=message.depth, **job.fields())
+            mark = self.done_mark(canonical, message)
+        return dead_letter(url, body, headers, f"{reason}: {error}", record, mark_done=mark)
 
     def _failure_record(self, url: str, headers: dict[str, Any], queue: str | None,
                         depth: int | None) -> dict[str, Any]:

@@ -209,3 +209,19 @@ def test_a_replaced_jobs_next_run_is_read_with_its_new_rules(redis_client, site,
     assert processor.process(_body(url2, later), topology.NORMAL_QUEUE).kind == "result"
     data = {r["url"]: r["data"] for r in _stream(redis_client, RESULTS_STREAM)}
     assert data == {url: {"heading": "Kettle"}, url2: {"price": "12.50"}}
+
+
+def test_a_job_message_that_broke_the_worker_still_ends_once_in_its_run(
+        redis_client, site, processor):
+    url = site.url("/job/page")
+    job = _job(JobRegistry(redis_client), "broken", url)
+    outcome = processor.worker_error(_body(url, job), RuntimeError("a bug"))
+    assert outcome.kind == "dead_letter" and outcome.mark_done is not None
+    for _confirm in range(2):
+        processor.record_dead_letter(outcome.mark_done, outcome.record)
+    [failure] = _stream(redis_client, FAILURES_STREAM)
+    assert (failure["url"], failure["job"], failure["reason"]) == (url, "broken",
+                                                                   "worker_error")
+    assert _counters(redis_client, job) == {"failed": 1, "failed:worker_error": 1}
+    plain = processor.worker_error(_body(url, None), RuntimeError("a bug"))
+    assert plain.mark_done is None and plain.record["url"] == "<unknown>"  # as ever

@@ -98,7 +98,7 @@ def dlq_main(settings: Settings, argv: list[str] | None = None, prog: str | None
             summary = dlq.replay(settings, connection, connect_redis(settings),
                                  reason=args.reason, limit=args.limit, job=args.job)
             print(f"replayed={summary.matched} unreplayable={summary.skipped_unreplayable} "
-                  f"refused={sum(summary.refused.values())} {summary.produced.line()}")
+                  f"kept={sum(summary.refused.values())} {summary.produced.line()}")
             for why, n in summary.refused.items():
                 print(f"refused {n}: {why}; they stay in the queue", file=sys.stderr)
             return (cli.EXIT_PARTIAL if summary.produced.failed or summary.refused

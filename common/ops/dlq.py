@@ -16,6 +16,9 @@ and ``replay --job`` pick them. Replaying one forgets its run's done mark and se
 (both scoped to the run, common/core/urls.py ``job_fingerprint``) and republishes it into that
 run, only while the run is the job's running one: a letter of a paused, ended or older run is
 refused and stays in the queue (its run has counted it as failed; a new run seeds afresh).
+What the letter counted in its run (``known``, ``failed``, ``failed:{reason}``) is taken back
+as its marks go, so the run's counters stay exact and its ``limits.pages`` is not spent twice
+on one URL.
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ from common.broker import topology
 from common.broker.messages import WorkMessage
 from common.core.config import Settings
 from common.core.errors import BadMessage, InvalidURL
-from common.core.urls import canonicalize, job_fingerprint
+from common.core.urls import canonicalize, fingerprint, job_fingerprint
 from common.intake.producer import Producer, ProduceSummary
 from common.jobs.registry import JobRef, JobRegistry, JobStateError
 from common.store.dedupe import DoneSet, SeenSet
-from common.store.keys import failures_key
+from common.store.keys import failures_key, job_run_key
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ def replay(settings: Settings, connection: pika.BlockingConnection, client: redi
     """
     summary = ReplaySummary()
     channel = connection.channel()
-    groups: dict[JobRef | None, list[tuple[int, str]]] = {}
+    groups: dict[JobRef | None, list[tuple[int, str, str]]] = {}
     registry = JobRegistry(client)
     refusals: dict[JobRef, str | None] = {}
     try:
@@ -162,23 +165,111 @@ def replay(settings: Settings, connection: pika.BlockingConnection, client: redi
                 if why is not None:
                     summary.refused[why] = summary.refused.get(why, 0) + 1
                     continue
-            groups.setdefault(letter.job, []).append((method.delivery_tag, letter.raw_url))
+            groups.setdefault(letter.job, []).append(
+                (method.delivery_tag, letter.raw_url,
+                 str(_plain((props.headers or {}).get("reason", "unknown")))))
             summary.matched += 1
         if not groups:
             return summary
         with Producer(settings, client) as producer:
             for ref, matched in groups.items():
-                _forget([url for _tag, url in matched], settings, client, ref)
-                urls = (url for _tag, url in matched)
-                produced = (producer.submit(urls) if ref is None else
-                            producer.submit(urls, job=ref, job_spec=registry.spec(ref.name)))
+                if ref is not None:
+                    _into_run(settings, client, producer, registry, ref, matched, channel,
+                              summary)
+                    continue
+                _forget([url for _tag, url, _why in matched], settings, client)
+                produced = producer.submit(url for _tag, url, _why in matched)
                 summary.produced.merge(produced)
                 if produced.failed == 0:
-                    for tag, _url in matched:
+                    for tag, _url, _why in matched:
                         channel.basic_ack(tag)
         return summary
     finally:
         channel.close()
+
+
+# The run no longer knows the replayed URLs: each one's seen fingerprint and done mark (the
+# run's) go, and what they counted with them (known; failed and failed:{reason}), so the run's
+# counters stay exact and its limits.pages is not spent twice on one URL: the producer counts
+# the URL known again as it publishes it, the worker its new outcome.
+# KEYS[1] job:{name}:run:{n}; KEYS[2i], KEYS[2i+1] letter i's seen and done buckets.
+# ARGV[3i-2], ARGV[3i-1] its seen and done members, ARGV[3i] its reason. Returns per letter
+# 2 * (seen removed) + (done mark removed), what UNDO_LUA puts back.
+FORGET_LUA = """
+local out = {}
+for i = 1, (#KEYS - 1) / 2 do
+  local seen = redis.call('SREM', KEYS[2 * i], ARGV[3 * i - 2])
+  local done = redis.call('SREM', KEYS[2 * i + 1], ARGV[3 * i - 1])
+  if seen == 1 then redis.call('HINCRBY', KEYS[1], 'known', -1) end
+  if done == 1 then
+    redis.call('HINCRBY', KEYS[1], 'failed', -1)
+    redis.call('HINCRBY', KEYS[1], 'failed:' .. ARGV[3 * i], -1)
+  end
+  out[i] = seen * 2 + done
+end
+return out
+"""
+# A letter not published after all (a failed publish, over limits.pages): as it was. KEYS as
+# FORGET_LUA's; ARGV[4i-3..4i] its seen and done members, reason, FORGET_LUA's answer.
+UNDO_LUA = """
+for i = 1, (#KEYS - 1) / 2 do
+  local removed = tonumber(ARGV[4 * i])
+  if removed >= 2 and redis.call('SADD', KEYS[2 * i], ARGV[4 * i - 3]) == 1 then
+    redis.call('HINCRBY', KEYS[1], 'known', 1)
+  end
+  if removed % 2 == 1 and redis.call('SADD', KEYS[2 * i + 1], ARGV[4 * i - 2]) == 1 then
+    redis.call('HINCRBY', KEYS[1], 'failed', 1)
+    redis.call('HINCRBY', KEYS[1], 'failed:' .. ARGV[4 * i - 1], 1)
+  end
+end
+return 1
+"""
+
+
+def _into_run(settings: Settings, client: redis.Redis, producer: Producer,
+              registry: JobRegistry, ref: JobRef, matched: list[tuple[int, str, str]],
+              channel: Any, summary: ReplaySummary) -> None:
+    """Republish a running run's dead letters into it; ack each one the run now knows again
+    (seen after the publish: published, or meanwhile by a page of the run), leave the others
+    in the queue as they were (counters and marks put back)."""
+    seen, done = SeenSet(client, settings.seen_buckets), DoneSet(client, settings.seen_buckets)
+    letters = []
+    for tag, url, why in matched:
+        try:
+            canonical = canonicalize(url, max_length=settings.max_url_length)
+        except InvalidURL:
+            summary.skipped_unreplayable += 1
+            continue
+        fp, mark = job_fingerprint(canonical, ref.scope), done.mark_for(canonical,
+                                                                        scope=ref.scope)
+        letters.append((tag, canonical, why, fp, mark))
+    if not letters:
+        return
+    keys = [job_run_key(ref.name, ref.run)]
+    args: list[Any] = []
+    for _tag, _url, why, fp, mark in letters:
+        keys += [seen.key(fp), mark.key]
+        args += [fp.member, mark.member, why]
+    client.delete(*(failures_key(url) for _tag, url, *_rest in letters))
+    removed = client.register_script(FORGET_LUA)(keys=keys, args=args)
+    summary.produced.merge(producer.submit((url for _tag, url, *_rest in letters), job=ref,
+                                           job_spec=registry.spec(ref.name)))
+    known = seen.contains_many([fp for *_rest, fp, _mark in letters])
+    undo: list[Any] = []
+    undo_keys = keys[:1]
+    for (tag, _url, why, fp, mark), is_known, flags in zip(letters, known, removed,
+                                                          strict=True):
+        if is_known:
+            channel.basic_ack(tag)
+            continue
+        undo_keys += [seen.key(fp), mark.key]
+        undo += [fp.member, mark.member, why, flags]
+        why_not = f"not published into run {ref.run} of job {ref.name} (failed or over " \
+                  "limits.pages)"
+        summary.refused[why_not] = summary.refused.get(why_not, 0) + 1
+        summary.matched -= 1
+    if undo:
+        client.register_script(UNDO_LUA)(keys=undo_keys, args=undo)
 
 
 def _refusal(registry: JobRegistry, ref: JobRef) -> str | None:
@@ -194,10 +285,9 @@ def _refusal(registry: JobRegistry, ref: JobRef) -> str | None:
     return None
 
 
-def _forget(urls: list[str], settings: Settings, client: redis.Redis,
-            ref: JobRef | None = None) -> None:
-    """Reset retry counters and release fingerprints and done marks (the run's, for a job's
-    letters), so replayed URLs count as new."""
+def _forget(urls: list[str], settings: Settings, client: redis.Redis) -> None:
+    """Reset retry counters and release fingerprints and done marks, so replayed URLs count
+    as new (the default job's; a run's: FORGET_LUA)."""
     canonical = []
     for url in urls:
         try:
@@ -205,11 +295,9 @@ def _forget(urls: list[str], settings: Settings, client: redis.Redis,
         except InvalidURL:
             continue  # goes back to the DLQ as invalid_url through the producer
     if canonical:
-        scope = ref.scope if ref else None
         client.delete(*(failures_key(url) for url in canonical))
-        SeenSet(client, settings.seen_buckets).remove_many(
-            [job_fingerprint(u, scope) for u in canonical])
-        DoneSet(client, settings.seen_buckets).forget(canonical, scope=scope)
+        SeenSet(client, settings.seen_buckets).remove_many([fingerprint(u) for u in canonical])
+        DoneSet(client, settings.seen_buckets).forget(canonical)
 
 
 def purge(connection: pika.BlockingConnection) -> int:

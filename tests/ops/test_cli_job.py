@@ -209,12 +209,18 @@ def test_dlq_replay_sends_a_running_runs_letter_back_into_it_and_refuses_an_olde
                                                                        settings.seen_buckets)
     seen.add_many([job_fingerprint(now, scope)])
     done.add(done.mark_for(now, scope=scope))
+    # The run is at its limits.pages (100), the dead letter's URL one of them: replaying it
+    # takes back what it counted, so it fits again.
+    redis_client.hset(job_run_key("shop", 2), mapping={
+        "known": 100, "results": 98, "failed": 2, "failed:http_503": 1, "failed:x": 1})
     code, out, err = _dlq(settings, capsys, "replay", "--job", "shop")
     assert code == 1, err  # one refused
-    assert out.startswith("replayed=1 ") and "refused=1" in out
+    assert out.startswith("replayed=1 ") and "kept=1" in out
     assert "run 1 of job shop is over (the job is at run 2)" in err
     assert not done.contains(done.mark_for(now, scope=scope))
     assert seen.contains_many([job_fingerprint(now, scope)]) == [True]  # marked seen again
+    counters = JobRegistry(redis_client).counters(JobRef("shop", 2))
+    assert (counters["known"], counters["failed"], counters["failed:http_503"]) == (100, 1, 0)
     published = [WorkMessage.from_json(body) for _m, _p, body in
                  drain(amqp_channel, "priority_queue") + drain(amqp_channel, "url_queue_ttl")]
     assert [(m.url, m.extra.get("job"), m.extra.get("run")) for m in published] == [
@@ -229,7 +235,7 @@ def test_dlq_replay_of_a_paused_job_is_refused_and_leaves_its_letters(
         settings, redis_client, amqp_channel, capsys, job_letters):
     job_letters.pause("shop")
     code, out, err = _dlq(settings, capsys, "replay", "--job", "shop")
-    assert code == 1 and out.startswith("replayed=0 ") and "refused=2" in out
+    assert code == 1 and out.startswith("replayed=0 ") and "kept=2" in out
     assert "run 2 of job shop is paused, not running" in err
     assert queue_depth(amqp_channel, topology.FAILED_QUEUE) == 4
 
@@ -241,3 +247,21 @@ def test_a_webhook_outside_the_allowed_hosts_is_refused_at_submission(settings, 
                               tmp_path, text)
     assert code == 2 and "webhooks[0]: host 'hooks.example' not in JOB_WEBHOOK_HOSTS" in err
     assert not redis_client.exists(JOBS)
+
+
+def test_a_letter_its_run_cannot_take_back_stays_in_the_queue_with_its_counts(
+        settings, redis_client, amqp_channel, capsys, job_letters):
+    now = "http://127.0.0.1:9/now"
+    scope = JobRef("shop", 2).scope
+    done = DoneSet(redis_client, settings.seen_buckets)
+    done.add(done.mark_for(now, scope=scope))
+    # 100 other URLs fill the run's limits.pages: the letter's URL (no longer seen) is over it.
+    redis_client.hset(job_run_key("shop", 2), mapping={
+        "known": 100, "results": 99, "failed": 1, "failed:http_503": 1})
+    code, out, err = _dlq(settings, capsys, "replay", "--job", "shop", "--reason", "http_503")
+    assert code == 1 and out.startswith("replayed=0 ") and "over_budget=1" in out
+    assert "not published into run 2 of job shop" in err
+    assert done.contains(done.mark_for(now, scope=scope))  # put back
+    counters = JobRegistry(redis_client).counters(JobRef("shop", 2))
+    assert (counters["known"], counters["failed"], counters["failed:http_503"]) == (100, 1, 1)
+    assert queue_depth(amqp_channel, topology.FAILED_QUEUE) == 4

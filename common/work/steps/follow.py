@@ -31,8 +31,9 @@ class Follow:
     def __init__(self, follower: LinkFollower | None, jobs: JobBook | None = None) -> None:
         self.jobs = jobs  # a job's own crawl settings
         self.follower = follower  # None: no crawl mode, handlers or EXTRACTOR: nothing to follow
-        #: job name -> (the job book's version it was made at, its follower)
-        self._followers: dict[str, tuple[int, LinkFollower]] = {}
+        #: job name -> its follower, at the job book's version ``_version``
+        self._followers: dict[str, LinkFollower] = {}
+        self._version = -1
         self._producers: ThreadProducers | None = None  # jobs' when the worker has no follower
         self._lock = threading.Lock()
 
@@ -67,10 +68,10 @@ class Follow:
 
     def job_follower(self, job: JobRef) -> LinkFollower:
         """The follower of ``job``'s pages: its crawl settings, its run."""
-        version = self.jobs.version
-        known = self._followers.get(job.name)
-        if known is not None and known[0] == version and known[1].job == job:
-            return known[1]
+        known = self._followers.get(job.name) if self._version == self.jobs.version else None
+        if known is not None and known.job == job:
+            return known
+        version = self.jobs.version  # before the settings: a reload after it is seen next time
         settings = self.jobs.settings_for(job)
         with self._lock:
             if self.follower is not None:
@@ -80,7 +81,9 @@ class Follow:
                 if self._producers is None:
                     self._producers = ThreadProducers(self.jobs.base, client)
                 follower = LinkFollower(settings, client, job=job, producers=self._producers)
-            self._followers[job.name] = (self.jobs.version, follower)
+            if self._version != version:  # every job's follower is made again
+                self._followers, self._version = {}, version
+            self._followers[job.name] = follower
         return follower
 
     def close(self) -> None:

@@ -32,8 +32,9 @@ class Read:
         self.pages = pages
         self.jobs = jobs  # a job's own rules, user code and crawl mode
         self.codes = UserCodes(pages.settings, pages.custom)  # ConfigError: a bad router
-        #: job name -> (the job book's version it was made at, its reader or why there is none)
-        self._readers: dict[str, tuple[int, PageReader | Failure]] = {}
+        #: job name -> its reader or why there is none, at the job book's version ``_version``
+        self._readers: dict[str, PageReader | Failure] = {}
+        self._version = -1
         self._lock = threading.Lock()
 
     @classmethod
@@ -56,12 +57,12 @@ class Read:
         failure of its pages when its settings cannot be read here."""
         if job is None or self.jobs is None:
             return self.pages
-        version = self.jobs.version
-        known = self._readers.get(job.name)
-        if known is not None and known[0] == version:
-            return known[1]
+        if self._version == self.jobs.version:
+            known = self._readers.get(job.name)
+            if known is not None:
+                return known
+        version = self.jobs.version  # before the settings: a reload after it is seen next time
         settings = self.jobs.settings_for(job)
-        version = self.jobs.version  # settings_for may have reloaded the book
         reader: PageReader | Failure
         try:
             reader = PageReader(settings, self.codes)
@@ -72,7 +73,9 @@ class Read:
         if isinstance(reader, Failure):
             logger.warning("%s", reader.error)
         with self._lock:  # a replaced reader owns no child: its user code is self.codes'
-            self._readers[job.name] = (version, reader)
+            if self._version != version:  # every job's reader is made again, deleted jobs' go
+                self._readers, self._version = {}, version
+            self._readers[job.name] = reader
         return reader
 
     def warm(self) -> None:

@@ -49,7 +49,7 @@ class Follow:
         read, message = trip.read, trip.message
         trip.progress.enter("record")
         follower = self.follower
-        if trip.job is not None and self.jobs is not None and (read.follow or read.call):
+        if trip.job is not None and self.jobs is not None and (read.follow is not None or read.call):
             follower = self.job_follower(trip.job)
         plan = read.follow if follower is not None else None
         if plan is None and not read.call:

@@ -62,6 +62,7 @@ logger = logging.getLogger(__name__)
 
 #: Filter applied after dedupe: canonical URLs in, one keep/drop verdict each out.
 Keep = Callable[[list[str]], list[bool]]
+Invalid = tuple[str, str, dict[str, Any]]  # a URL as given, why, its letter's job fields
 
 PUBLISH_ATTEMPTS = 3
 
@@ -182,9 +183,8 @@ class Producer:
                 claims of other producers (a rerun after a kill) but not those of pages.
             extra: fields added to every message (a redirect target's ``scope`` and
                 ``redirected_from``).
-            job: the run (JobRef) the URLs enter, ``job_spec`` its JobSpec (else read once per
-                run); URLs over its ``limits.pages`` count as ``over_budget``. None: the
-                default job.
+            job: the run (JobRef) the URLs enter (None: the default job), ``job_spec`` its
+                JobSpec (else read once per run); URLs over ``limits.pages``: ``over_budget``.
 
         Raises:
             ServiceUnavailable: the broker or Redis could not be reached (after backoff).
@@ -208,12 +208,12 @@ class Producer:
             extra, force_priority = {**(extra or {}), **job.fields()}, force_priority or job.priority
         key = job.fingerprint if job is not None else fingerprint
         candidates: list[tuple[str, Fingerprint]] = []
-        invalid: list[tuple[str, str]] = []
+        invalid: list[Invalid] = []
         for raw in raw_urls:
             try:
                 url = canonicalize(raw, max_length=self.settings.max_url_length)
             except InvalidURL as exc:
-                invalid.append((raw, str(exc)))
+                invalid.append((raw, str(exc), job.fields() if job else {}))
                 continue
             candidates.append((url, key(url)))
         if self.hosts is not None and candidates:
@@ -245,7 +245,7 @@ class Producer:
             accepted = [item for item, ok in zip(accepted, verdicts, strict=True) if ok]
 
         summary.invalid = len(invalid)
-        for raw, reason in invalid:
+        for raw, reason, _fields in invalid:
             logger.warning("invalid URL %r: %s", raw[:200], reason)
         deferred = self._defer(accepted, job)
         published, failed = self._publish_with_retries(
@@ -305,7 +305,7 @@ class Producer:
         else:
             self.seen.add_many(fps)
 
-    def _publish_with_retries(self, accepted: list[_Accepted], invalid: list[tuple[str, str]]
+    def _publish_with_retries(self, accepted: list[_Accepted], invalid: list[Invalid]
                               ) -> tuple[list[_Accepted], list[_Accepted]]:
         published: list[_Accepted] = []
         todo: list[Any] = [*accepted, *invalid]
@@ -344,7 +344,7 @@ class Producer:
             publisher.publish("", item.queue, item.message().to_json(), token=item,
                               expiration_ms=item.ttl_ms)
             return
-        raw, reason = item
-        body = WorkMessage(url=raw, extra={"error": reason}).to_json()
+        raw, reason, fields = item
+        body = WorkMessage(url=raw, extra={**fields, "error": reason}).to_json()
         publisher.publish(DLQ_EXCHANGE, DLQ_ROUTING_KEY, body, token=item,
                           headers=dead_letter_headers("invalid_url", last_error=reason))

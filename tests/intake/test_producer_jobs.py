@@ -224,3 +224,17 @@ def test_seed_adds_urls_to_a_running_job_and_refuses_a_job_not_running(
     assert seed_main(settings, ["--job", "shop", "http://127.0.0.1:9/more/3"]) != 0
     assert "is paused, not running" in capsys.readouterr().err
     assert {m.extra["job"] for m in _messages(amqp_channel)} == {"shop"}
+
+
+def test_a_jobs_invalid_url_is_dead_lettered_with_its_job_and_not_known(settings, redis_client,
+                                                                         amqp_channel):
+    with Producer(settings, redis_client) as producer:
+        summary = producer.submit(["no scheme here", "http://127.0.0.1:9/ok"], job=SHOP,
+                                  job_spec=_spec("shop"))
+        producer.submit(["ftp://example.com/f"])
+    assert (summary.invalid, summary.new) == (1, 1)
+    letters = {json.loads(body)["url"]: json.loads(body)
+               for _m, _p, body in drain(amqp_channel, topology.FAILED_QUEUE)}
+    assert (letters["no scheme here"]["job"], letters["no scheme here"]["run"]) == ("shop", 1)
+    assert "job" not in letters["ftp://example.com/f"]
+    assert _known(redis_client, SHOP) == 1

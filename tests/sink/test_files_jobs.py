@@ -206,3 +206,21 @@ def test_interleaved_records_of_two_jobs_and_the_default_job_in_the_streams_land
         assert all((line.get("job"), line.get("run")) == (owner or (None, None))
                    for line in lines(folder))
     assert all(name.endswith(".jsonl.gz") for name in every_file(tmp_path))  # all finalized
+
+
+def test_no_part_is_rotated_before_the_first_write_after_a_recovery(tmp_path):
+    first = FileSink(tmp_path, rotate_bytes=50, rotate_s=3600)
+    first.write([entry(1, "shop", 1), entry(2)])
+    del first  # kill -9 before the ack: both parts hold an unacknowledged batch
+
+    second = FileSink(tmp_path, rotate_bytes=50, rotate_s=3600)
+    # Both parts are past rotate_bytes, but the replay may come first: they stay open, so a
+    # crash now still finds their ids at the next start.
+    second.write([entry(1, "shop", 1), entry(2), entry(3, "shop", 1)])
+    assert second.skipped == 2
+    assert len(list(tmp_path.rglob(".part-*"))) == 2
+    assert list(tmp_path.rglob("results-*")) == []
+    second.idle()  # everything written is acknowledged now
+    assert list(tmp_path.rglob(".part-*")) == []
+    assert [line["n"] for line in lines(tmp_path / "jobs/shop/run-1")] == [1, 3]
+    assert [line["n"] for line in lines(tmp_path)] == [2]

@@ -262,7 +262,8 @@ class RateLimiter:
         if go == 2:
             return Admission(go=False, already_done=True, jobs_version=version)
         if go == 4:
-            return Admission(go=False, job_verdict=reply[7].decode(), jobs_version=version)
+            verdict = reply[7].decode() if isinstance(reply[7], bytes) else reply[7]
+            return Admission(go=False, job_verdict=verdict, jobs_version=version)
         permit_member = permit.decode() if isinstance(permit, bytes) else permit
         return Admission(go=go == 1, wait_ms=int(wait_ms), cached=cached or None,
                          permit=Permit(log_key, permit_member) if permit_member else None,

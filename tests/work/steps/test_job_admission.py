@@ -86,7 +86,8 @@ def test_a_paused_jobs_message_is_parked_once_acked_and_resumed_into_deferred(
     assert redis_client.zcard(job_parked_key("pausing")) == 0
     assert redis_client.zscore(DEFERRED, member) is not None  # due now, for a releaser
     assert redis_client.hget(DEFERRED_COUNTS, "127.0.0.1") == b"1"
-    assert Pending.from_member(member).body == body
+    released = Pending.from_member(member)  # what a releaser publishes, and where
+    assert released.body == body and released.queue == QUEUE
 
 
 def test_a_cancelled_jobs_message_is_counted_cancelled_once_when_delivered_twice(

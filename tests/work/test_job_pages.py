@@ -225,3 +225,16 @@ def test_a_job_message_that_broke_the_worker_still_ends_once_in_its_run(
     assert _counters(redis_client, job) == {"failed": 1, "failed:worker_error": 1}
     plain = processor.worker_error(_body(url, None), RuntimeError("a bug"))
     assert plain.mark_done is None and plain.record["url"] == "<unknown>"  # as ever
+
+
+def test_a_jobs_redirect_out_of_its_crawl_scope_is_not_handed_off(
+        redis_client, site, processor, amqp_channel):
+    processor.hand_off.jobs = processor.jobs  # the processor hands HandOff its job book
+    target = f"http://localhost:{site.port}/job/moved"
+    site.route("/job/old", lambda _r: (301, {"Location": target}, b""))
+    url = site.url("/job/old")
+    job = _job(JobRegistry(redis_client), "scoped", url, crawl={"max_depth": 2})
+    assert processor.process(_body(url, job), topology.NORMAL_QUEUE).kind == "result"
+    [record] = _stream(redis_client, RESULTS_STREAM)
+    assert record["redirect"] == "out_of_scope" and record["job"] == "scoped"
+    assert drain(amqp_channel, topology.NORMAL_QUEUE) == []

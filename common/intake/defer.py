@@ -18,9 +18,10 @@ the others (NOTES.md). So the producer paces each domain at its rate (the limite
 
 A job's pace (``politeness.rate_limit``): its URLs take the run's own slots of each domain,
 ``deferred:next:{name}/{run}:{domain}``, spaced at the stricter of its rate and the domain's;
-the fleet's per-domain limiter stays the ceiling of all jobs together. The lead burst: a job's
-first lead × rate URLs of a domain (about 20 at 2/s, DEFER_LEAD_S 10) are published at once and
-fetched at the domain's rate; its rate holds after them. Bodies (``job``, ``run``) unchanged.
+the fleet's per-domain limiter stays the ceiling of all jobs together. Its honest limits: the
+first lead × rate URLs of a domain (20 at 2/s, DEFER_LEAD_S 10) are published at once and go at
+the domain's rate, the job's holds after them; DEFER_LEAD_S=0 (no deferral) drops the job's pace.
+A deferred job message keeps its body (``job``, ``run``): the releaser publishes it as it was.
 
 Crash guarantees: no URL is lost; one may be published twice only where the done mark makes
 it one outcome: a producer killed between deferring and marking seen defers it again on a
@@ -186,8 +187,7 @@ class Deferral:
     def enabled(self) -> bool:
         return self.lead_ms > 0
 
-    def defer(self, items: Sequence[Pending], pace: tuple[str, Rate] | None = None
-              ) -> list[bool]:
+    def defer(self, items: Sequence[Pending], pace: tuple[str, Rate] | None = None) -> list[bool]:
         """Give every item its domain's next release slot, in one call; write those due later
         than the lead to ``deferred``. True for each item deferred (durably, in Redis). On a
         redis.RedisError nothing was deferred (the script is atomic). ``pace``: a job's run

@@ -111,6 +111,7 @@ class JobRunner:
         self._producer = producer or self._new_producer
         self._reopen = client.register_script(REOPEN_LUA)
         self._quiet: dict[JobRef, tuple[Any, float]] = {}  # run -> (what it showed, since)
+        self._unreadable: set[str] = set()  # jobs whose definition failed to load (said once)
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
@@ -152,7 +153,15 @@ class JobRunner:
         inflight = self._inflight()
         now_ms = _now_ms()
         for state in self.registry.states():
-            spec = self.registry.spec(state.name)
+            try:
+                spec = self.registry.spec(state.name)
+            except (ValueError, TypeError, KeyError) as exc:  # one bad definition: not all jobs
+                if state.name not in self._unreadable:
+                    logger.error("job %s: its stored definition does not load (%s): skipped "
+                                 "until it is submitted again", state.name, exc)
+                self._unreadable.add(state.name)
+                continue
+            self._unreadable.discard(state.name)
             if spec is None:
                 continue
             try:

@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from common.core.config import Settings
+from common.jobs.cron import next_after
 from common.jobs.registry import JobRef, JobRegistry, outcomes
 from common.jobs.runner import JobRunner, JobsLease
 from common.jobs.spec import parse_job
@@ -134,6 +135,7 @@ def test_a_scheduled_job_runs_twice_each_with_its_own_run_counters_and_one_webho
     bodies = [json.loads(r.body) for r in site.requests_for("/status/204")]
     assert [(b["run"], b["state"], b["counters"]["results"]) for b in bodies[:2]] == [
         (1, "finished", 5), (2, "finished", 5)]
+    assert set(Counter(b["run"] for b in bodies).values()) == {1}  # one POST per run
     records = [r for r in results(redis_client) if r.get("job") == "daily"]
     assert Counter(r["run"] for r in records) == {1: 5, 2: 5}
 
@@ -151,6 +153,20 @@ def test_a_run_over_its_duration_is_stopped_and_its_schedule_goes_on(
         assert wait_for(lambda: site.requests_for("/status/200"), 10)
     [body] = [json.loads(r.body) for r in site.requests_for("/status/200")][:1]
     assert (body["run"], body["state"], body["reason"]) == (1, "cancelled", "limit: duration")
+
+
+def test_a_cron_job_plans_its_next_run_at_the_crons_next_time_after_the_end(
+        settings, redis_client, site):
+    registry = submit(redis_client, "nightly", [site.page_url(1)],
+                      schedule={"cron": "*/5 * * * *"})
+    with runner_thread(settings):
+        assert wait_for(lambda: registry.state("nightly").seeded == 1, 20)
+        redis_client.hset(job_run_key("nightly", 1), "results", 1)
+        assert wait_for(lambda: registry.state("nightly").next_run > 0, 10)
+    state = registry.state("nightly")
+    assert (state.state, state.run) == ("finished", 1)
+    assert state.next_run == next_after("*/5 * * * *", state.ended / 1000) * 1000
+    assert state.next_run % 300_000 == 0 and 0 < state.next_run - state.ended <= 300_000
 
 
 def test_a_cancelled_scheduled_job_is_not_run_again(settings, redis_client, site):

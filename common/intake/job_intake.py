@@ -4,8 +4,8 @@ definition (:class:`common.jobs.spec.JobSpec`).
 
 Intake sits below the jobs room and may not import it: the two are described here by the
 attributes the producer reads (:class:`JobRun`, :class:`JobTerms`), which JobRef and JobSpec
-have. A caller without the JobSpec at hand gives the run alone: :class:`JobBook` reads the
-terms from the stored definition once per run.
+have. A caller without the JobSpec at hand gives the run alone: :class:`JobTermsBook` reads
+the terms from the stored definition once per run.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class StoredTerms:
                    limits=_Limits((body.get("limits") or {}).get("pages")))
 
 
-class JobBook:
+class JobTermsBook:
     """The terms of the runs one producer serves, read from ``jobs`` once per run (a job is
     replaced only when it is not running, and its next run has a new number)."""
 

@@ -53,7 +53,7 @@ from common.core.errors import AMQP_CONNECTION_LOST, InvalidURL, ServiceUnavaila
 from common.core.urls import Fingerprint, canonicalize, domain_of, fingerprint
 from common.intake.defer import Deferral, Pending
 from common.intake.hosts import HostCheck, Refused
-from common.intake.job_intake import JobBook, JobIntake, JobRun, JobTerms
+from common.intake.job_intake import JobIntake, JobRun, JobTerms, JobTermsBook
 from common.intake.routing import Router
 from common.store.dedupe import HELD, OVER_BUDGET, PRODUCER_TOKEN_PREFIX, Claims, SeenSet
 from common.store.keys import COUNTERS
@@ -136,7 +136,7 @@ class Producer:
         self.token = f"{PRODUCER_TOKEN_PREFIX}{uuid.uuid4().hex}"  # this producer's claims
         self.hosts = hosts
         self.deferral = Deferral(settings, redis_client)
-        self.jobs = JobBook(redis_client)  # the terms of the runs it serves
+        self.jobs = JobTermsBook(redis_client)  # the terms of the runs it serves
         self.router = router or Router.from_setting(settings.routing_rules)
         self._connection: pika.BlockingConnection | None = None
         self._publisher: ConfirmingPublisher | None = None

@@ -13,6 +13,7 @@ from common.broker import topology
 from common.broker.messages import WorkMessage
 from common.core.urls import fingerprint, job_fingerprint
 from common.intake.defer import Pending, Releaser
+from common.intake.job_intake import StoredTerms
 from common.intake.producer import Producer
 from common.intake.sitemaps import SitemapReader, produce_site
 from common.jobs.registry import JobRef, JobRegistry
@@ -238,3 +239,11 @@ def test_a_jobs_invalid_url_is_dead_lettered_with_its_job_and_not_known(settings
     assert (letters["no scheme here"]["job"], letters["no scheme here"]["run"]) == ("shop", 1)
     assert "job" not in letters["ftp://example.com/f"]
     assert _known(redis_client, SHOP) == 1
+
+
+def test_stored_terms_read_what_a_job_spec_stores():
+    spec = _spec("paced", rate_limit=(3, 2000), priority="high", limits=Limits(pages=7))
+    stored = StoredTerms.from_json(spec.to_json())
+    assert (stored.priority, stored.rate_limit, stored.limits.pages) == ("high", (3, 2000), 7)
+    plain = StoredTerms.from_json(_spec("plain").to_json())
+    assert (plain.priority, plain.rate_limit, plain.limits.pages) == ("normal", None, None)

@@ -39,6 +39,7 @@ import redis
 
 from common.core.config import Settings
 from common.core.urls import domain_of, setting_host
+from common.intake.job_intake import JobRun
 from common.intake.producer import Producer, ProduceSummary
 from common.store.keys import crawl_pages_key
 from common.web.robots import RobotsRules
@@ -52,14 +53,6 @@ class FollowPlanLike(Protocol):
     max_depth: int
     priority: bool
     domains: tuple[str, ...] | None
-
-
-class JobRef(Protocol):
-    """The run a job's links are published in (common.jobs.registry.JobRef, a floor above:
-    intake may not import it)."""
-
-    @property
-    def scope(self) -> str: ...
 
 
 # KEYS[1] crawl:pages:{domain}   ARGV[1] wanted   ARGV[2] budget
@@ -103,7 +96,7 @@ class ThreadProducers:
 
 
 class LinkFollower:
-    def __init__(self, settings: Settings, client: redis.Redis, *, job: JobRef | None = None,
+    def __init__(self, settings: Settings, client: redis.Redis, *, job: JobRun | None = None,
                  producers: ThreadProducers | None = None) -> None:
         self.settings = settings
         self.client = client
@@ -114,7 +107,7 @@ class LinkFollower:
         self._own_producers = producers is None
         self.producers = producers or ThreadProducers(settings, client)
 
-    def for_job(self, settings: Settings, job: JobRef) -> LinkFollower:
+    def for_job(self, settings: Settings, job: JobRun) -> LinkFollower:
         """The follower of a job's pages: its crawl settings (``settings``, the job's page
         settings), its run's budgets, this follower's producers."""
         return LinkFollower(settings, self.client, job=job, producers=self.producers)
@@ -172,11 +165,7 @@ class LinkFollower:
         return self.producers.get().submit(chosen, depth=depth + 1, keep=self.within_budget,
                                            claim_token=page_token,
                                            force_priority=force_priority, extra=extra,
-                                           **self.job_field())
-
-    def job_field(self) -> dict[str, JobRef]:
-        """``Producer.submit``'s ``job`` for this follower's run ({} for the default job)."""
-        return {"job": self.job} if self.job is not None else {}
+                                           job=self.job)
 
     def within_budget(self, urls: list[str]) -> list[bool]:
         by_domain: dict[str, list[int]] = defaultdict(list)

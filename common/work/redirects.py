@@ -87,8 +87,7 @@ class Redirects:
                 [target], depth=message.depth, claim_token=token,
                 force_priority=queue == topology.PRIORITY_QUEUE,
                 keep=follower.within_budget if follower else None,
-                extra={"scope": scope, "redirected_from": url, "hops": hops},
-                **({"job": job} if job is not None else {}))
+                extra={"scope": scope, "redirected_from": url, "hops": hops}, job=job)
         except (ServiceUnavailable, redis.RedisError, *AMQP_CONNECTION_LOST) as exc:
             raise HandOffFailed(f"{type(exc).__name__}: {exc}") from exc
         if summary.failed:

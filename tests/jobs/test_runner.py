@@ -23,7 +23,7 @@ from common.jobs.registry import JobRef, JobRegistry, outcomes
 from common.jobs.runner import JobRunner, JobsLease
 from common.jobs.spec import parse_job
 from common.store.keys import JOBS_LEASE, job_run_key, worker_key
-from tests.helpers import output_of, results, start_worker_process, wait_for
+from tests.helpers import drain, output_of, results, start_worker_process, wait_for
 from tests.test_scheduler_fleet import start_scheduler
 
 #: Fast ticks, a short quiet, a one-second lease, webhooks to the loopback test site.
@@ -153,6 +153,30 @@ def test_a_run_over_its_duration_is_stopped_and_its_schedule_goes_on(
         assert wait_for(lambda: site.requests_for("/status/200"), 10)
     [body] = [json.loads(r.body) for r in site.requests_for("/status/200")][:1]
     assert (body["run"], body["state"], body["reason"]) == (1, "cancelled", "limit: duration")
+
+
+def test_a_run_over_its_bytes_is_stopped(settings, redis_client, site):
+    registry = submit(redis_client, "heavy", [site.page_url(1), site.page_url(2)],
+                      limits={"bytes": "1KiB"})
+    with runner_thread(settings):
+        assert wait_for(lambda: registry.state("heavy").seeded == 1, 20)
+        assert not wait_for(lambda: registry.state("heavy").state != "running", 0.5)
+        redis_client.hset(job_run_key("heavy", 1), mapping={"results": 1, "bytes": 1024})
+        assert wait_for(lambda: registry.state("heavy").state == "cancelled", 10)
+    assert registry.state("heavy").reason == "limit: bytes"
+
+
+def test_of_two_runners_one_leads_and_a_job_is_seeded_once(settings, redis_client, site,
+                                                             amqp_channel):
+    urls = [site.page_url(n) for n in range(1, 31)]
+    registry = submit(redis_client, "twice", urls)
+    with runner_thread(settings) as one, runner_thread(settings) as two:
+        assert wait_for(lambda: registry.state("twice").seeded == 1, 20)
+        assert sorted(bool(r.token) for r in (one, two)) == [False, True]
+    assert registry.counters(JobRef("twice", 1))["known"] == 30
+    queued = [json.loads(body) for _m, _p, body in drain(amqp_channel, "url_queue_ttl")]
+    assert sorted(m["url"] for m in queued) == sorted(urls)
+    assert {(m["job"], m["run"]) for m in queued} == {("twice", 1)}
 
 
 def test_a_cron_job_plans_its_next_run_at_the_crons_next_time_after_the_end(

@@ -244,7 +244,7 @@ class FileSink(Sink):
         self.name, self.directory = name, Path(directory)
         self.rotate_bytes, self.rotate_s = rotate_bytes, rotate_s
         self.skipped = 0                     # replayed entries found already written
-        self._parts: dict[Path, Part] = {}   # by folder: the open ones, and recovered highs
+        self._parts: dict[Path, Part] = {}   # by folder: every one written or recovered
         self._settled = True  # everything the parts hold is acknowledged: they may rotate
         self.directory.mkdir(parents=True, exist_ok=True)
         self._recover()
@@ -258,7 +258,7 @@ class FileSink(Sink):
 
     @property
     def high(self) -> dict[str, StreamId]:
-        """The highest id per stream written to the parts open (or recovered) now."""
+        """The highest id per stream written (or found in a recovered part)."""
         highs = [part.high for part in self._parts.values()]
         return {s: max(h[s] for h in highs if s in h) for s in {s for h in highs for s in h}}
 
@@ -327,14 +327,13 @@ class FileSink(Sink):
             view = view[os.write(fd, view):]
 
     def _rotate(self, rotate_bytes: int, rotate_s: float) -> None:
-        """Finalize the parts due, and the least recently written beyond MAX_OPEN_PARTS;
-        forget the folders without an open part (all they hold is acknowledged)."""
+        """Finalize the parts due, and the least recently written beyond MAX_OPEN_PARTS (a
+        finalized folder's ids stay known: a replay Redis brings again is still skipped)."""
         open_parts = sorted((p for p in self._parts.values() if p.fd is not None),
                             key=lambda p: p.used)
         for n, part in enumerate(open_parts):
             if part.due(rotate_bytes, rotate_s) or len(open_parts) - n >= MAX_OPEN_PARTS:
                 part.finalize()
-        self._parts = {folder: p for folder, p in self._parts.items() if p.fd is not None}
 
     def _recover(self) -> None:
         """Take over the open parts a crash left, in every folder of this sink."""

@@ -13,7 +13,7 @@ import sys
 
 from common.broker.connection import connect_rabbitmq
 from common.core.config import Settings
-from common.ops import cli, dlq, stats, status_counts
+from common.ops import cli, dlq, stats
 from common.ops.status_view import fitted_size
 from common.store.connection import connect_redis
 
@@ -42,8 +42,6 @@ def status_main(settings: Settings, argv: list[str] | None = None,
             except KeyboardInterrupt:
                 return cli.EXIT_OK
         snapshot = stats.collect(settings, connection, client)
-        if "jobs" not in snapshot:
-            snapshot["jobs"] = status_counts.jobs(client)
     finally:
         if connection.is_open:
             connection.close()

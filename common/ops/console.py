@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "produce": ("common.ops.cli_seed", "produce_main", "seed URLs (producer.py)"),
     "sitemap": ("common.ops.cli_seed", "sitemap_main",
                 "seed URLs from sitemaps and feeds (sitemap_producer.py)"),
+    "seed": ("common.ops.cli_seed", "seed_main", "add URLs to a running job's run (--job NAME)"),
     "work": ("common.ops.cli_run", "work_main", "run one worker in the foreground (worker.py)"),
     "status": ("common.ops.cli_inspect", "status_main",
                "queues, progress, rate and ETA, workers (stats.py)"),

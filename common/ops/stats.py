@@ -156,6 +156,7 @@ def collect(settings: Settings, connection: pika.BlockingConnection, client: red
         "domains": _domain_rates(settings, client, crawl_progress.redis_now_ms(client)),
         "throttled": RateLimiter(client, settings).throttled(),
         "deferred": deferred_status(client),
+        "jobs": status_counts.jobs(client),
         "workers": workers,
         "pressure": _pressure(settings, client, workers),
         "counters": counters,

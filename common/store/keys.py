@@ -96,6 +96,15 @@
     job:{name}:run:{n}       HASH, run n's counters: known (URLs accepted by its dedupe),
                              results, failed, failed:{reason}, cancelled, expired, paused,
                              bytes; started, ended (ms).
+    job:{name}:run:{n}:claimed  ZSET of a run's page-budget reservations (limits.pages): member =
+                             a claimed URL's fingerprint member, score = the claim's end (ms);
+                             removed when it is marked seen or released, PEXPIRE the claim TTL.
+    job:{name}:run:{n}:readings ZSET of a run's progress readings ("{ms} {results} {outcomes}",
+                             score = Redis ms), kept 600 s, PX one hour after the last reading
+                             (common/jobs/progress.py): its pages/s and ETA.
+    deferred:next:{name}/{run}:{domain}  STRING, a job's own next release slot for the domain
+                             (its politeness.rate_limit, common/intake/defer.py), as
+                             ``deferred:next:{domain}``.
     job:{name}:parked        ZSET of a paused job's work messages (member as ``deferred``'s,
                              score = when parked), moved to ``deferred`` by resume.
     jobs:webhooks            ZSET of webhook deliveries due (member JSON {job, run, url,

@@ -11,11 +11,13 @@ import pytest
 
 from common.broker import topology
 from common.broker.messages import WorkMessage
+from common.core.errors import ConfigError
 from common.core.urls import domain_of
 from common.jobs.registry import JobRef, JobRegistry
 from common.jobs.spec import parse_job
 from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, crawl_pages_key, job_run_key
 from common.work.processor import Processor
+from common.work.steps.read import Read
 from tests.helpers import drain
 
 pytestmark = pytest.mark.integration
@@ -238,3 +240,16 @@ def test_a_jobs_redirect_out_of_its_crawl_scope_is_not_handed_off(
     [record] = _stream(redis_client, RESULTS_STREAM)
     assert record["redirect"] == "out_of_scope" and record["job"] == "scoped"
     assert drain(amqp_channel, topology.NORMAL_QUEUE) == []
+
+
+def test_every_handlers_router_must_load_when_the_worker_starts(settings, routers):
+    refs = f"{routers}:first, no_such_module_for_jobs:router"
+    with pytest.raises(ConfigError, match="no_such_module_for_jobs"):
+        Read.from_settings(settings.with_overrides(handlers=refs))
+    both = f"{routers}:first,{routers}:second"
+    step = Read.from_settings(settings.with_overrides(handlers=both))
+    try:
+        assert step.codes.refs == (f"{routers}:first", f"{routers}:second")
+        assert step.pages.custom.value == f"{routers}:first"  # the default job's
+    finally:
+        step.close()

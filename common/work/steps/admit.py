@@ -132,10 +132,15 @@ class Admit:
 
     def _parked(self, trip: Trip) -> bool:
         """Store a paused run's message in its job's parked set, as delivered (its queue; the
-        delivery's TTL is not known here: the queue's own applies when it is released).
-        False: the run is no longer paused."""
-        ref = trip.job
-        member = Pending(trip.domain, trip.queue, None, trip.body).member()
+        delivery's TTL is not known here: the queue's own applies when it is released),
+        less a rate-limit wait it had begun (``slot``, ``parked_at``): the pause is not
+        waiting for a turn, and MAX_WAIT_S must not run out during it. The same delivery
+        gives the same member. False: the run is no longer paused."""
+        ref, message, body = trip.job, trip.message, trip.body
+        if "slot" in message.extra or "parked_at" in message.extra:
+            body = replace(message, extra={k: v for k, v in message.extra.items()
+                                           if k not in ("slot", "parked_at")}).to_json()
+        member = Pending(trip.domain, trip.queue, None, body).member()
         with multi.yielding():
             return self._park(keys=[job_key(ref.name), job_parked_key(ref.name),
                                     job_run_key(ref.name, ref.run)],

@@ -6,6 +6,7 @@ for a job that turns it off; the heartbeat's pages in flight per run."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,13 +18,15 @@ from common.jobs.registry import JobRef, JobRegistry
 from common.jobs.spec import parse_job
 from common.store.dedupe import DoneSet
 from common.store.keys import DEFERRED, DEFERRED_COUNTS, job_parked_key, job_run_key
+from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter
 from common.web.robots import robots_fetcher
 from common.work.heartbeat import jobs_in_flight, runs_in_flight
 from common.work.job_book import JobBook
-from common.work.outcome import DeadLetter
+from common.work.outcome import DeadLetter, Park
 from common.work.processor import Processor
 from common.work.robots_gate import RobotsGate
+from common.work.steps.admit import Admit
 from common.work.steps.decode import Decode
 from common.work.steps.robots import Robots
 from common.work.steps.trip import Trip
@@ -72,7 +75,7 @@ def test_a_paused_jobs_message_is_parked_once_acked_and_resumed_into_deferred(
         processor, registry, redis_client):
     ref = _job(registry, "pausing")
     registry.pause("pausing")
-    body = _body("http://127.0.0.1:9/paused", ref, slot=5)
+    body = _body("http://127.0.0.1:9/paused", ref)
     outcome = processor.process(body, QUEUE)
     assert outcome.kind == "paused" and outcome.publishes == ()  # acked, nothing published
     member = Pending("127.0.0.1", QUEUE, None, body).member()  # the body as delivered
@@ -88,6 +91,35 @@ def test_a_paused_jobs_message_is_parked_once_acked_and_resumed_into_deferred(
     assert redis_client.hget(DEFERRED_COUNTS, "127.0.0.1") == b"1"
     released = Pending.from_member(member)  # what a releaser publishes, and where
     assert released.body == body and released.queue == QUEUE
+
+
+def test_a_paused_page_that_was_waiting_for_its_turn_is_parked_without_that_wait(
+        processor, registry, redis_client):
+    ref = _job(registry, "waiting")
+    registry.pause("waiting")
+    body = _body("http://127.0.0.1:9/waited", ref, slot=5, parked_at=1.0, keep="me")
+    assert processor.process(body, QUEUE).kind == "paused"
+    assert processor.process(body, QUEUE, redelivered=True).kind == "paused"
+    [member] = redis_client.zrange(job_parked_key("waiting"), 0, -1)
+    parked = WorkMessage.from_json(Pending.from_member(member).body)
+    assert parked.extra == {**ref.fields(), "keep": "me"}  # its MAX_WAIT_S starts afresh
+
+
+def test_a_jobs_own_max_wait_bounds_its_pages_wait_for_a_turn(settings, redis_client, registry,
+                                                              give_up):
+    ref = _job(registry, "hasty", settings={"MAX_WAIT_S": "10"})
+    slow = settings.with_overrides(rate_limit=(1, 60_000))
+    step = Admit.from_settings(slow, RateLimiter(redis_client, slow),
+                               ResultStore(redis_client, slow.results_maxlen), give_up,
+                               redis_client, JobBook(slow, redis_client))
+    assert step.take_turn(trip_for("http://127.0.0.1:9/first")) is None  # the window fills
+    waited = round(time.time() - 100, 3)
+    job_trip = trip_for("http://127.0.0.1:9/hasty", parked_at=waited, **ref.fields())
+    job_trip.job = ref
+    assert failure_of(step.take_turn(job_trip)) == "waited_too_long"
+    assert slow.max_wait_s > 200  # the fleet's own: the default job's page waits its turn
+    end = step.take_turn(trip_for("http://127.0.0.1:9/calm", parked_at=waited))
+    assert isinstance(end, Park) and end.why == "rate limit"
 
 
 def test_a_cancelled_jobs_message_is_counted_cancelled_once_when_delivered_twice(

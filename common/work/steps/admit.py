@@ -7,13 +7,13 @@ permit now, or a booked slot to wait for (parked on the hold queues, keeping its
 loop's other tasks run while Redis answers. The first of the page's two round trips.
 
 A job's message has its job's state decided in the same call (common/web/ratelimit.py), and
-the answer carries ``jobs:version`` for the worker's job book. Its run paused: the message, as
-delivered (the same member on a redelivery), goes into ``job:{name}:parked`` and is acked
-(``paused``): one more Redis call, only for a paused job's pages, that parks it only while the
-run is still paused (a resume in between: the admission is asked again). The registry's resume
-moves it to ``deferred``. Its run no longer running: ``cancelled``, counted by the script.
-Parked before acked: a worker killed in between gets the redelivery, parked again (ZADD NX of
-the same member, counted ``paused`` once).
+the answer carries ``jobs:version`` for the worker's job book (a job's MAX_WAIT_S is its
+own). Its run paused: the message as delivered, less a rate-limit wait it had begun, goes into
+``job:{name}:parked`` and is acked (``paused``): one more Redis call, only for a paused job's
+pages, that parks it only while the run is still paused (a resume in between: the admission is
+asked again). The registry's resume moves it to ``deferred``. Its run no longer running:
+``cancelled``, counted by the script. Parked before acked: a worker killed in between gets the
+redelivery, which gives the same member, parked again (ZADD NX, counted ``paused`` once).
 """
 
 from __future__ import annotations

@@ -276,7 +276,7 @@ class Producer:
             logger.error("not published (not marked seen): %s", item.url)
         return summary
 
-    def _defer(self, accepted: list[_Accepted], job: JobIntake | None) -> dict[int, _Accepted]:
+    def _defer(self, accepted: list[_Accepted], job: JobIntake | None = None) -> dict[int, _Accepted]:
         """The accepted URLs now waiting in Redis for their turn (by ``id``)."""
         if not (self.deferral.enabled and accepted):
             return {}

@@ -12,7 +12,7 @@ how old the figures are (the status view marks it stale).
 The beat's ``jobs`` ({"name/run": deliveries of that job run this worker is processing now},
 :func:`jobs_in_flight`, read from the bodies only when a beat is written: nothing on the hot
 path) lets the job runner see that no page of a run is in flight before it declares the run
-finished (:func:`runs_in_flight` sums them over the live workers).
+finished (common/jobs/runner.py sums them over the live workers).
 """
 
 from __future__ import annotations
@@ -101,15 +101,3 @@ def jobs_in_flight(bodies: Iterable[bytes]) -> dict[str, int]:
             counts[ref.scope] = counts.get(ref.scope, 0) + 1
     return counts
 
-
-def runs_in_flight(workers: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """The job runs some live worker is processing a page of ("name/run" -> pages), from
-    heartbeats (:func:`alive_workers`)."""
-    total: dict[str, int] = {}
-    for worker in workers:
-        jobs = worker.get("jobs")
-        if isinstance(jobs, dict):
-            for scope, count in jobs.items():
-                if isinstance(count, int) and count > 0:
-                    total[scope] = total.get(scope, 0) + count
-    return total

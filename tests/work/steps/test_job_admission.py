@@ -21,7 +21,7 @@ from common.store.keys import DEFERRED, DEFERRED_COUNTS, job_parked_key, job_run
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter
 from common.web.robots import robots_fetcher
-from common.work.heartbeat import jobs_in_flight, runs_in_flight
+from common.work.heartbeat import jobs_in_flight
 from common.work.job_book import JobBook
 from common.work.outcome import DeadLetter, Park
 from common.work.processor import Processor
@@ -261,10 +261,6 @@ def test_the_heartbeat_counts_a_workers_pages_in_flight_per_job_run():
               _body("http://a/3", JobRef("news", 1)), _body("http://a/4", None),
               b"{not json", b"[1]"]
     assert jobs_in_flight(bodies) == {"shop/2": 2, "news/1": 1}
-    workers = [{"id": "w1", "jobs": {"shop/2": 2}}, {"id": "w2", "jobs": {"shop/2": 1,
-                                                                         "news/1": 0}},
-               {"id": "w3"}]
-    assert runs_in_flight(workers) == {"shop/2": 3}
 
 
 def test_the_book_asks_only_for_the_version_about_a_job_it_does_not_have(

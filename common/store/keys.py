@@ -53,7 +53,8 @@
                              a producer's over. Deleted when the URL is marked seen (same
                              script) or not published.
     crawl:pages:{domain}     STRING counter of pages crawl mode enqueued for the domain
-                             (budget CRAWL_MAX_PAGES_PER_DOMAIN), no expiry: DEL to reset.
+                             (budget CRAWL_MAX_PAGES_PER_DOMAIN), no expiry: DEL to reset. A
+                             job run's own: crawl:pages:{name}/{run}|{domain}.
     deferred                 ZSET of deferred work messages (fairness, common/intake/defer.py):
                              member = "{domain} {queue} {ttl_ms or -}" newline the message body,
                              score = when a releaser publishes it (its turn at the domain's rate

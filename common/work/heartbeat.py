@@ -30,6 +30,7 @@ import redis
 
 from common.jobs.registry import JobRef
 from common.store.keys import WORKERS_PREFIX, worker_key
+from common.work.user_extractor import handler_refs
 
 logger = logging.getLogger(__name__)
 
@@ -101,3 +102,9 @@ def jobs_in_flight(bodies: Iterable[bytes]) -> dict[str, int]:
             counts[ref.scope] = counts.get(ref.scope, 0) + 1
     return counts
 
+
+
+def job_fields(bodies: Iterable[bytes], handlers: str) -> dict[str, Any]:
+    """The beat's ``jobs`` (:func:`jobs_in_flight`) and ``handlers`` (the worker's HANDLERS
+    routers, which a job's ``handlers:`` must name: common/work/job_check.py)."""
+    return {"jobs": jobs_in_flight(bodies), "handlers": list(handler_refs(handlers))}

@@ -97,7 +97,7 @@ class Processor:
         self.fetch = Fetch(self.fetcher, limiter)
         self.archive = Archive.from_settings(settings)
         self.hand_off = HandOff.from_settings(settings, Redirects(settings, client, follower),
-                                              results)
+                                              results, jobs)
         self.classify = Classify()
         self.read = Read.from_settings(settings, jobs)
         self.follow = Follow(follower, jobs)

@@ -8,17 +8,15 @@ Threads and ownership (pika is not thread-safe; see NOTES.md #6):
 * ``concurrency`` fetch tasks in FETCH_LOOPS threads (common/work/fetch_loops.py: libcurl's
   multi interface, a greenlet per task) take deliveries from a priority buffer
   (priority_queue first), run the processor, and append the outcome to a hand-over deque.
-* While every fetch task has work, the main thread works in ticks (BUSY_TICK_S): it
-  sleeps, then handles every pending AMQP event, outcome and confirm in one go. Waking for each
-  frame and each outcome made the threads trade the GIL dozens of times per page (NOTES #26).
-  Below that it blocks in ``process_data_events`` and fetch tasks wake it when they finish.
+* While every fetch task has work, the main thread works in ticks (BUSY_TICK_S), handling
+  every pending AMQP event, outcome and confirm in one go (waking for each made the threads
+  trade the GIL dozens of times per page, NOTES #26); below that it blocks in
+  ``process_data_events`` and fetch tasks wake it.
 
 A delivery is acked only once its outcome is durable (the ack ledger, common/work/acks.py).
 
-Backpressure (common/work/pressure.py): a monitor thread checks Redis every PRESSURE_CHECK_S;
-while its verdict says pause, the main thread cancels the consumers (new messages wait in
-RabbitMQ) and consumes again on resume; what was received finishes normally (not idle).
-
+Backpressure (common/work/pressure.py): while a monitor thread's verdict says pause, the main
+thread cancels the consumers (new messages wait in RabbitMQ); received work finishes normally.
 Stopping: the first SIGTERM/SIGINT cancels the consumers, returns not-yet-started deliveries,
 lets running fetches finish and be acked, then exits 0. A second signal exits at once.
 """
@@ -49,7 +47,7 @@ from common.store.marks import DoneMark
 from common.work import metrics
 from common.work.acks import AckLedger, Delivery, death_of, expiration_of
 from common.work.fetch_loops import FetchLoops
-from common.work.heartbeat import Heartbeat
+from common.work.heartbeat import Heartbeat, job_fields
 from common.work.outcome import Outcome
 from common.work.pressure import Pressure, PressureMonitor, unhealthy_after
 from common.work.processor import Processor
@@ -93,7 +91,6 @@ class Worker:
         self._consumer_tags: list[str] = []
         self._paused = False  # consumers cancelled (see _apply_pressure)
 
-    # -- public -------------------------------------------------------------------------------
     def request_stop(self, *_args: object) -> None:
         """First call: finish in-flight work and exit. Second call: exit at once."""
         if self._stop.is_set():
@@ -103,9 +100,12 @@ class Worker:
         self._stop.set()
 
     def snapshot(self) -> dict[str, Any]:
-        """What the heartbeat publishes (producers check seeds against fetch_allow_networks)."""
+        """What the heartbeat publishes (producers check seeds against fetch_allow_networks;
+        the job runner ``jobs`` in flight, job submission the ``handlers`` routers)."""
+        held = list(self.ledger.inflight.values())  # one C-level copy: the loops go on
         return {"processed": self.processed, "outcomes": dict(self.outcomes),
-                "in_flight": len(self.ledger.inflight), "current": self.loops.current_urls(),
+                "in_flight": len(held), "current": self.loops.current_urls(),
+                **job_fields((d.body for d in held), self.settings.handlers),
                 "concurrency": self.settings.concurrency,
                 "fetch_allow_networks": [str(n) for n in self.settings.fetch_allow_networks],
                 "pressure": self.pressure.verdict.as_dict()}
@@ -156,7 +156,6 @@ class Worker:
                     self.processed, self.outcomes)
         return 0
 
-    # -- AMQP session (main thread) -------------------------------------------------------------
     def _session(self) -> None:
         self._generation += 1
         self._outstanding = 0  # earlier deliveries are not drained: their channel is gone

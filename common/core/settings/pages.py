@@ -55,7 +55,9 @@ class ExtractSettings(SettingsGroup):
         "the rules; its `data` wins over theirs. Imported at worker start. Empty: none.")
     handlers: str = setting(
         "HANDLERS", values.text, "",
-        "Your handlers: `package.module:router`, a `scrape_fleet.Router`; on each HTML page, "
+        "Your handlers: `package.module:router`, a `scrape_fleet.Router`, or several "
+        "comma-separated (the first is the default job's; a job's `handlers:` names one of "
+        "them; each must import at worker start); on each HTML page, "
         "after the rules, the handler its label, rule or URL pattern names runs (see "
         "HANDLER_ISOLATION). Imported at worker start; not with EXTRACTOR. Empty: none.")
     handler_timeout_s: float = setting(

@@ -32,6 +32,7 @@ from common.store.keys import (
     DEFERRED,
     DEFERRED_COUNTS,
     JOBS,
+    JOBS_LAST_RUNS,
     JOBS_VERSION,
     job_key,
     job_parked_key,
@@ -182,8 +183,9 @@ class JobRegistry:
         with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(job_key(spec.name))
+                    pipe.watch(job_key(spec.name), JOBS_LAST_RUNS)
                     current = pipe.hgetall(job_key(spec.name))
+                    last_run = int(pipe.hget(JOBS_LAST_RUNS, spec.name) or 0)
                     if current:
                         state = current.get(b"state", b"").decode()
                         if not replace:
@@ -201,8 +203,8 @@ class JobRegistry:
                         "state": "created", "submitted": now, "started": 0, "ended": 0,
                         "reason": "", "next_run": 0, "seeded": current.get(b"seeded", 0)
                         if current else 0})
-                    if not current:
-                        pipe.hset(job_key(spec.name), "run", 0)
+                    if not current:  # a deleted job's name goes on from its last run
+                        pipe.hset(job_key(spec.name), "run", last_run)
                     pipe.incr(JOBS_VERSION)
                     pipe.execute()
                     break
@@ -295,6 +297,7 @@ class JobRegistry:
                 *(job_run_key(name, n) for n in range(1, state.run + 1))]
         with self.client.pipeline(transaction=True) as pipe:
             pipe.hdel(JOBS, name)
+            pipe.hset(JOBS_LAST_RUNS, name, state.run)
             for chunk in _chunks(keys, 1000):
                 pipe.delete(*chunk)
             pipe.incr(JOBS_VERSION)

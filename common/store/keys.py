@@ -93,6 +93,9 @@
                              (why it ended), submitted, started, ended (ms), next_run (ms, a
                              scheduled job's next run), seeded (the run whose seeds are all
                              published).
+    jobs:runs                HASH job name -> the last run number of a deleted job: a job
+                             submitted again under that name goes on from it, so a queued
+                             message of a deleted job's run can never count in a new run.
     job:{name}:seeds         LIST of the job's seed URLs (from its file's urls and files).
     job:{name}:run:{n}       HASH, run n's counters: known (URLs accepted by its dedupe),
                              results, failed, failed:{reason}, cancelled, expired, paused,
@@ -207,6 +210,7 @@ JOBS = "jobs"
 JOBS_VERSION = "jobs:version"
 JOBS_WEBHOOKS = "jobs:webhooks"
 JOBS_LEASE = "jobs:lease"
+JOBS_LAST_RUNS = "jobs:runs"
 
 
 def job_key(name: str) -> str:

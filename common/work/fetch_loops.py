@@ -184,7 +184,8 @@ class FetchLoops:
                     outcome = self.processor.process_expired(delivery.body, delivery.death)
                 else:
                     outcome = self.processor.process(delivery.body, delivery.queue,
-                                                     delivery.redelivered)
+                                                     delivery.redelivered,
+                                                     delivery.expiration_ms)
                 if self._refusals or self._errors.count:
                     self._refusals, self._errors = 0, Streak()
                 return outcome

@@ -16,7 +16,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
@@ -24,12 +24,16 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from common.store.keys import COUNTERS
 
+if TYPE_CHECKING:
+    from common.work.outcome import Outcome
+
 logger = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-FETCHES = Counter("fleet_fetches_total", "Messages processed, by outcome",
-                  ["outcome"], registry=REGISTRY)
+FETCHES = Counter("fleet_fetches_total", "Messages processed, by outcome and job run "
+                  "(job: name/run, empty for the default job)", ["outcome", "job"],
+                  registry=REGISTRY)
 FETCH_SECONDS = Histogram("fleet_fetch_seconds", "HTTP fetch latency (network only)",
                           buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
                           registry=REGISTRY)
@@ -154,3 +158,20 @@ class _QuietHandler(WSGIRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
         pass
+
+
+#: The outcome lines keep the worker's logger name (what a log filter names).
+OUTCOME_LOG = logging.getLogger("common.work.worker")
+#: Outcomes logged at DEBUG: parks, and a paused or cancelled job's pages (50,000 lines each).
+QUIET_OUTCOMES = ("delay", "paused", "cancelled")
+
+
+def count_outcome(queue: str, outcome: Outcome) -> None:
+    """One settled delivery: its metrics (by outcome and job run) and its log line (with its
+    job run, if any)."""
+    FETCHES.labels(outcome.kind, outcome.job).inc()
+    if outcome.kind == "dead_letter" and outcome.publishes:
+        DEAD_LETTERS.labels((outcome.publishes[0].headers or {}).get("reason", "unknown")).inc()
+    OUTCOME_LOG.log(logging.DEBUG if outcome.kind in QUIET_OUTCOMES else logging.INFO,
+                    "%s %s -> %s %s%s", queue, outcome.url, outcome.kind, outcome.detail,
+                    f" [job {outcome.job}]" if outcome.job else "")

@@ -63,6 +63,9 @@ class Outcome:
     #: The failure record appended to ``results`` once the publishes are confirmed (dead
     #: letters), so the URL's final outcome reaches the result sinks.
     record: dict[str, Any] | None = None
+    #: The job run of the delivery ("name/run"; empty: the default job), for the metrics and
+    #: the log line.
+    job: str = ""
 
     def __post_init__(self) -> None:
         # ``url`` and ``detail`` are what the worker logs; a message may carry a 5 MB URL.

@@ -31,6 +31,7 @@ both; robots rules come from the worker's memory once known.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -91,7 +92,7 @@ class Processor:
         # The journey, in the order of STEPS (tests/test_layout.py holds the two together).
         self.decode = Decode.from_settings(settings)
         self.arrive = Arrive(self.poison, self.watch)
-        self.wait = Wait.from_settings(settings)
+        self.wait = Wait.from_settings(settings, jobs)
         self.robots = Robots(self.gate, jobs)
         self.admit = Admit.from_settings(settings, limiter, results, give_up, client, jobs)
         self.fetch = Fetch(self.fetcher, limiter)
@@ -103,10 +104,11 @@ class Processor:
         self.follow = Follow(follower, jobs)
         self.record = Record.from_settings(settings, results, jobs)
 
-    def process(self, body: bytes, queue: str, redelivered: bool = False) -> Outcome:
+    def process(self, body: bytes, queue: str, redelivered: bool = False,
+                expiration_ms: int | None = None) -> Outcome:
         """The outcome of one work-queue delivery; ``redelivered``: the broker's flag (a
-        delivery of it ended before without an outcome)."""
-        trip = Trip.begin(body, queue, redelivered)
+        delivery of it ended before without an outcome); ``expiration_ms``: its own TTL."""
+        trip = Trip.begin(body, queue, redelivered, expiration_ms)
         end = self.decode.decode_message(trip) or self.arrive.count_arrival(trip)
         if end is None:  # arrived: the stuck-page watch has it until its end
             try:
@@ -123,7 +125,8 @@ class Processor:
             finally:
                 self.watch.discard(trip.progress)
             self.poison.clear(trip.progress)  # a tracked URL reached its end: not poison
-        return end if isinstance(end, Outcome) else self.give_up.settle(trip, end)
+        outcome = end if isinstance(end, Outcome) else self.give_up.settle(trip, end)
+        return outcome if trip.job is None else replace(outcome, job=trip.job.scope)
 
     def process_expired(self, body: bytes, death: str | None = None) -> Outcome:
         """A message that left a work queue by its TTL: release its fingerprint and count it.

@@ -268,12 +268,7 @@ class Worker:
             return
         self.processed += 1
         self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
-        metrics.FETCHES.labels(outcome.kind).inc()
-        if outcome.kind == "dead_letter" and outcome.publishes:
-            reason = (outcome.publishes[0].headers or {}).get("reason", "unknown")
-            metrics.DEAD_LETTERS.labels(reason).inc()
-        logger.log(logging.DEBUG if outcome.kind == "delay" else logging.INFO, "%s %s -> %s %s",
-                   delivery.queue, outcome.url, outcome.kind, outcome.detail)
+        metrics.count_outcome(delivery.queue, outcome)  # its metrics and its log line
         if not outcome.publishes:
             if not delivery.early_acked:
                 self.ledger.ack(delivery.tag)

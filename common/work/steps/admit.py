@@ -140,7 +140,7 @@ class Admit:
         if "slot" in message.extra or "parked_at" in message.extra:
             body = replace(message, extra={k: v for k, v in message.extra.items()
                                            if k not in ("slot", "parked_at")}).to_json()
-        member = Pending(trip.domain, trip.queue, None, body).member()
+        member = Pending(trip.domain, trip.queue, trip.expiration_ms, body).member()
         with multi.yielding():
             return self._park(keys=[job_key(ref.name), job_parked_key(ref.name),
                                     job_run_key(ref.name, ref.run)],

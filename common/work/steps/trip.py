@@ -29,6 +29,7 @@ class Trip:
     body: bytes
     queue: str
     redelivered: bool = False
+    expiration_ms: int | None = None  # the delivery's own TTL (a routing rule's), if any
     message: WorkMessage | None = None  # Decode: the message
     url: str = ""  # Decode: the canonical URL
     headers: dict[str, str] | None = None  # Decode: the request's own headers (checked)
@@ -49,6 +50,7 @@ class Trip:
         return f"{self.done.key}:{self.done.member}"
 
     @classmethod
-    def begin(cls, body: bytes, queue: str, redelivered: bool) -> Trip:
+    def begin(cls, body: bytes, queue: str, redelivered: bool,
+              expiration_ms: int | None = None) -> Trip:
         """The trip of a delivery that has just come in: nothing learnt of it yet."""
-        return cls(body, queue, redelivered)
+        return cls(body, queue, redelivered, expiration_ms)

@@ -356,14 +356,24 @@ def test_kill_9_of_a_worker_and_of_the_job_runner_mid_job_loses_nothing_and_the_
     fleet.workers[0].kill()
     assert fleet.workers[0].wait(10) == -signal.SIGKILL
     recorded_at_kill = len(fleet.records("sturdy"))
+    # The replica seeded the rest and leads; killed too, mid-job, a third one finishes the run.
+    assert wait_for(lambda: b"jobs-b" in (fleet.client.get(JOBS_LEASE) or b"")
+                    and fleet.state("sturdy").seeded == 1, 20, 0.02), (
+        fleet.state("sturdy"), fleet.logs())
+    fleet.start_scheduler("jobs-c")
+    fleet.schedulers["jobs-b"].kill()
+    assert fleet.schedulers["jobs-b"].wait(10) == -signal.SIGKILL
+    recorded_at_second_kill = len(fleet.records("sturdy"))
     fleet.wait_state("sturdy", "finished", timeout_s=120)
     held = (fleet.client.get(JOBS_LEASE) or b"").decode()
     print(f"\nrunner killed {'mid-seeding' if caught else 'after seeding'} ({known_at_kill} of "
-          f"{len(urls)} known), a worker killed at {recorded_at_kill} records; lease {held!r}")
+          f"{len(urls)} known), a worker killed at {recorded_at_kill} records, the second "
+          f"runner at {recorded_at_second_kill}; lease {held!r}")
 
     assert caught, "the run was never seen seeding: nothing was killed mid-seeding"
     assert 0 < known_at_kill < len(urls)
-    assert "jobs-b" in held  # the replica took the runner over
+    assert recorded_at_second_kill < len(urls)  # the second runner died mid-job
+    assert "jobs-c" in held  # the last replica took the runner over
     _once_each(fleet.records("sturdy"), urls)
     counters = fleet.counters("sturdy")
     _all_accounted(counters, len(urls))

@@ -12,6 +12,7 @@ a scheduled job runs twice, each run numbered with its own counters, records and
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -32,11 +33,13 @@ from common.broker import topology
 from common.core.config import Settings
 from common.core.urls import canonicalize
 from common.jobs.registry import OUTCOMES, JobRef, JobRegistry, JobState, outcomes
+from common.sink.files import FINAL_PREFIX, FINAL_SUFFIX, PART_PREFIX
 from common.store.keys import JOBS_LEASE, SINKS
 from devtools.testsite import RequestRecord, TestSite, start_sites
 from tests.helpers import (
     REPO_ROOT,
     TEST_ENV,
+    files_sink_process,
     output_of,
     own_channel,
     results,
@@ -381,28 +384,43 @@ def test_kill_9_of_a_worker_and_of_the_job_runner_mid_job_loses_nothing_and_the_
     assert not any(counters.get(k) for k in OUTCOMES if k != "results"), counters
 
 
+def _sink_lines(folder: Path) -> list[dict]:
+    """Every line of the files sink's parts in ``folder``, finalized or still open."""
+    out: list[dict] = []
+    for path in sorted(folder.glob(f"{FINAL_PREFIX}*{FINAL_SUFFIX}")) + sorted(
+            folder.glob(f"{PART_PREFIX}*")):
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            out += [json.loads(line) for line in handle]
+    return out
+
+
 def test_a_scheduled_job_runs_twice_each_run_numbered_with_its_own_results_and_one_webhook(
-        fleet, own_sites):
+        fleet, settings, own_sites, tmp_path):
     site = TestSite("127.0.26.41", pages=10).start()
     hooks = TestSite("127.0.0.1", pages=1).start()
     own_sites.extend([site, hooks])
     hooks.route("/hook", lambda _r: (200, {"Content-Type": "text/plain"}, b"thanks"))
     urls = [site.page_url(n) for n in range(1, 6)]
-    fleet.start()
-    fleet.submit({"name": "nightly", "seeds": {"urls": urls}, "schedule": {"every": "3s"},
-                  "webhooks": [hooks.url("/hook")]})
+    sink_dir = tmp_path / "sink"
+    run_dirs = {n: sink_dir / "jobs" / "nightly" / f"run-{n}" for n in (1, 2)}
 
     def posts() -> list[dict]:
         return [json.loads(r.body) for r in hooks.log if r.method == "POST"]
 
-    fleet.wait_state("nightly", "finished", run=2, timeout_s=40)
-    assert wait_for(lambda: {p.get("run") for p in posts()} >= {1, 2}, 20, 0.1), (
-        posts(), fleet.logs())
-    fleet.stop()  # no third run from here on
+    with files_sink_process(settings, sink_dir, tmp_path / "sink.log"):
+        fleet.start()
+        fleet.submit({"name": "nightly", "seeds": {"urls": urls}, "schedule": {"every": "3s"},
+                      "webhooks": [hooks.url("/hook")]})
+        fleet.wait_state("nightly", "finished", run=2, timeout_s=40)
+        assert wait_for(lambda: {p.get("run") for p in posts()} >= {1, 2}, 20, 0.1), (
+            posts(), fleet.logs())
+        sunk = wait_for(lambda: all(len(_sink_lines(d)) >= len(urls)
+                                    for d in run_dirs.values()), 20, 0.1)
+        fleet.stop()  # no third run from here on
+    assert sunk, (tmp_path / "sink.log").read_text()[-3000:]
     state = fleet.state("nightly")
     finished = [n for n in range(1, state.run + 1)
                 if n < state.run or state.state == "finished"]
-    time.sleep(0.5)
     calls = posts()
     print(f"\n{state.run} runs, {len(calls)} webhook calls: {calls}")
     assert all(p.get("job") == "nightly" and p.get("state") == "finished" for p in calls), calls
@@ -415,6 +433,10 @@ def test_a_scheduled_job_runs_twice_each_run_numbered_with_its_own_results_and_o
         assert counters.get("results") == len(urls), (n, counters)
         [call] = [p for p in calls if p.get("run") == n]
         assert call["counters"]["known"] == call["counters"]["results"] == len(urls), call
+        # The files sink wrote each run's records to its own folder, once each
+        lines = _sink_lines(run_dirs[n])
+        assert all(line["job"] == "nightly" and line["run"] == n for line in lines), lines
+        _once_each(lines, urls)
     # The second run started on the schedule: 3 s after the first (or after its end), not before
     gap_ms = runs[2]["started"] - runs[1]["started"]
     assert 3000 - 250 <= gap_ms <= 3000 + (runs[1]["ended"] - runs[1]["started"]) + 2000, runs

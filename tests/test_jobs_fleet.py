@@ -244,11 +244,12 @@ def test_two_jobs_at_once_get_their_own_pages_once_with_their_own_data_and_share
     print(f"\nshared site: {len(times)} requests in {times[-1] - times[0]:.2f} s, the shortest "
           f"span of {rate + 1} requests {gap:.3f} s")
     assert len(times) > 2 * rate and gap >= 1.0 - SITE_LOG_TOLERANCE_S, gap
-    # bravo's own pace, 2/s, on its own site: its 10 pages over at least 4.5 s less the lead
-    # (the first lead x rate URLs go at once), where the fleet's 1000/s would take a blink.
+    # bravo's own pace, 2/s, on its own site: its 10 pages over 4.5 s less the lead (the first
+    # lead x rate URLs go at once) less the first one's trip from the runner to the site (half
+    # a second at most), where the fleet's 1000/s would take a blink.
     own = [r.monotonic_s for r in _pages(b_only)]
     print(f"bravo's site: {len(own)} requests in {own[-1] - own[0]:.2f} s")
-    assert own[-1] - own[0] >= (len(own) - 1) / 2 - lead_s - SITE_LOG_TOLERANCE_S, own
+    assert own[-1] - own[0] >= (len(own) - 1) / 2 - lead_s - 0.5, own
 
 
 def _in_flight(site: TestSite, at: float) -> list[RequestRecord]:

@@ -233,6 +233,10 @@ def test_two_jobs_at_once_get_their_own_pages_once_with_their_own_data_and_share
         counters = fleet.counters(name)
         _all_accounted(counters, len(urls))
         assert counters.get("results") == len(urls), counters
+        # `scrape-fleet job results NAME`: the same records, the job's own
+        shown = [json.loads(line) for line in fleet.job("results", name).stdout.splitlines()]
+        _once_each(shown, urls)
+        assert {(r["job"], r["run"]) for r in shown} == {(name, 1)}
 
     # Every shared URL either job wanted was fetched (the response cache may serve the second
     # job's copy), and the shared site never saw more than its rate in any 1 s window.

@@ -7,7 +7,8 @@ Two jobs at once keep their own pages, records and data while sharing one site's
 a cancelled job's fetches stop when the command returns (bar the requests already in flight)
 and its dropped URLs are counted; a paused job sends nothing while the other goes on and
 finishes every URL once resumed; kill -9 of a worker and of the runner mid-job loses nothing;
-a scheduled job runs twice, each run numbered with its own counters, records and one webhook.
+a scheduled job runs twice, each run numbered with its own counters, records, files-sink folder
+and one webhook POST.
 """
 
 from __future__ import annotations

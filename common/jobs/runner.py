@@ -11,11 +11,12 @@ leader acting once more in the same moment changes nothing twice.
 
 Each tick, for every job (:meth:`JobRunner.tick`):
 
-* ``created`` → ``start_run`` (run n + 1) → seeds: the job's seed URLs then its sitemaps
-  (:func:`common.intake.sitemaps.produce_site`) through the :class:`Producer` with ``job=ref``
-  → ``mark_seeded``. A run ``running`` (or ``paused``) with ``seeded`` < run was left
-  half-seeded by a killed leader: it is seeded again; the run's dedupe publishes only what
-  is missing. Seeding stops early when the run is no longer the job's current, live run.
+* ``created`` → ``start_run`` (run n + 1) → seeded a slice at a time, every seeding run in
+  turn (common/jobs/seeding.py): the job's seed URLs then its sitemaps through the
+  :class:`Producer` with ``job=ref`` → ``mark_seeded``. A run ``running`` (or ``paused``)
+  with ``seeded`` < run was left half-seeded by a killed leader: it is seeded again; the run's
+  dedupe publishes only what is missing. Seeding stops when the run is no longer the job's
+  current, live run. While any run is seeding the runner ticks again at once.
 * ``running``, seeded: over ``limits.duration`` (from its start) or ``limits.bytes`` → stopped
   with reason ``limit: duration`` / ``limit: bytes`` (``cancel``). Else finished (``finish``)
   once every URL it knows has its outcome (``outcomes() >= known``), no worker heartbeat
@@ -35,7 +36,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -44,11 +45,11 @@ from common.core.backoff import reconnect_delay_s
 from common.core.config import Settings
 from common.core.errors import REDIS_UNAVAILABLE, ServiceUnavailable
 from common.intake.hosts import HostCheck
-from common.intake.producer import Producer, ProduceSummary, batched
+from common.intake.producer import Producer
 from common.intake.recrawler import Lease
-from common.intake.sitemaps import SitemapReader, produce_site
 from common.jobs.cron import next_after
 from common.jobs.registry import ENDED, JobRef, JobRegistry, JobState, JobStateError, outcomes
+from common.jobs.seeding import Seeding
 from common.jobs.spec import JobSpec
 from common.jobs.webhooks import Webhooks
 from common.store.keys import (
@@ -112,6 +113,7 @@ class JobRunner:
         self._reopen = client.register_script(REOPEN_LUA)
         self._quiet: dict[JobRef, tuple[Any, float]] = {}  # run -> (what it showed, since)
         self._unreadable: set[str] = set()  # jobs whose definition failed to load (said once)
+        self.seeding = Seeding(settings, client, self.registry, self._still_seeding)
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
@@ -124,8 +126,7 @@ class JobRunner:
             while not stop.is_set():
                 try:
                     self._lead(self.lease.hold())
-                    if self.token:
-                        self.tick()
+                    seeding = self.tick() if self.token else False
                     attempt = 0
                 except Deposed as exc:
                     logger.warning("job runner %s: %s", self.lease.owner, exc)
@@ -137,7 +138,7 @@ class JobRunner:
                     logger.warning("job runner: %s; retry in %.1f s", exc, delay)
                     stop.wait(delay)
                     continue
-                stop.wait(self.tick_s)
+                stop.wait(0 if seeding else self.tick_s)  # a run seeding: its next slice now
         finally:
             self.token = 0
             try:
@@ -148,8 +149,9 @@ class JobRunner:
             self.webhooks.close()
         return 0
 
-    def tick(self) -> None:
-        """One look at every job (see the module docstring)."""
+    def tick(self) -> bool:
+        """One look at every job (see the module docstring), then a round of seeding.
+        Returns whether a run still has seeds to publish."""
         inflight = self._inflight()
         now_ms = _now_ms()
         for state in self.registry.states():
@@ -168,16 +170,21 @@ class JobRunner:
                 self._step(state, spec, inflight, now_ms)
             except JobStateError as exc:  # a user's command got there first: next tick sees it
                 logger.info("job %s: %s", state.name, exc)
+        if not self.seeding.pending:
+            return False
+        with self._producer() as producer:
+            return self.seeding.round(producer)
 
     def _step(self, state: JobState, spec: JobSpec, inflight: dict[str, int],
               now_ms: int) -> None:
         ref = state.ref
         if state.state == "created":
-            self.seed(self.registry.start_run(state.name))
+            self.seeding.want(self.registry.start_run(state.name))
         elif state.state in ("running", "paused") and ref and state.seeded < ref.run:
-            logger.info("job %s run %d: seeding (again: its seeds were not all published)",
-                        ref.name, ref.run)
-            self.seed(ref)
+            if ref not in self.seeding.cursors:
+                logger.info("job %s run %d: seeding (again, if a leader before this one "
+                            "started it)", ref.name, ref.run)
+            self.seeding.want(ref)
         elif state.state == "running" and ref:
             counters = self.registry.counters(ref)
             if (over := self._over_limit(spec, state, counters, now_ms)) is not None:
@@ -215,34 +222,9 @@ class JobRunner:
         elif state.next_run <= now_ms:
             if state.state == "cancelled":
                 self._reopen(keys=[job_key(state.name), JOBS_VERSION], args=[state.run])
-            self.seed(self.registry.start_run(state.name))
+            self.seeding.want(self.registry.start_run(state.name))
 
-    # -- seeding -----------------------------------------------------------------------------
-    def seed(self, ref: JobRef) -> ProduceSummary:
-        """Publish the run's seed URLs and sitemaps, then mark it seeded. Raises Deposed when
-        the lease is lost meanwhile."""
-        spec = self.registry.spec(ref.name, with_seeds=True)
-        total = ProduceSummary()
-        if spec is None:
-            return total
-        logger.info("job %s run %d: seeding %d URLs and %d sitemaps", ref.name, ref.run,
-                    len(spec.seed_urls), len(spec.sitemaps))
-        with self._producer() as producer:
-            submit = _JobSubmit(producer, ref, spec, self._still_seeding)
-            for chunk in batched(spec.seed_urls, self.settings.producer_batch):
-                total.merge(submit.submit(chunk))
-            if spec.sitemaps:
-                reader = SitemapReader(self.settings, self.client)
-                for target in spec.sitemaps:
-                    self._still_seeding(ref)
-                    # Its errors are logged as they happen (SiteReport.error).
-                    report = produce_site(target, reader, submit)  # type: ignore[arg-type]
-                    total.merge(report.summary)
-        self._still_seeding(ref)
-        self.registry.mark_seeded(ref)
-        logger.info("job %s run %d seeded: %s", ref.name, ref.run, total.line())
-        return total
-
+    # -- seeding (common/jobs/seeding.py) ------------------------------------------------
     def _still_seeding(self, ref: JobRef) -> None:
         """Renew the lease (Deposed when lost); a run no longer live stops seeding."""
         token = self.lease.hold()
@@ -309,6 +291,7 @@ class JobRunner:
         if token and token != self.token:
             logger.info("job runner %s leads (fencing token %d)", self.lease.owner, token)
             self._quiet.clear()  # what another leader saw is not ours to trust
+            self.seeding.forget()
         elif self.token and not token:
             logger.warning("job runner %s lost the lease (token %d)", self.lease.owner,
                            self.token)
@@ -322,19 +305,6 @@ class JobRunner:
                 except (*REDIS_UNAVAILABLE, redis.exceptions.OutOfMemoryError) as exc:
                     logger.warning("webhooks: Redis failed (%s); again next tick", exc)
             stop.wait(self.tick_s)
-
-
-class _JobSubmit:
-    """The producer as produce_site sees it, every submit for one run (and the lease renewed
-    before each batch)."""
-
-    def __init__(self, producer: Producer, ref: JobRef, spec: JobSpec,
-                 check: Callable[[JobRef], None]) -> None:
-        self.producer, self.ref, self.spec, self.check = producer, ref, spec, check
-
-    def submit(self, urls: Iterable[str], **options: Any) -> ProduceSummary:
-        self.check(self.ref)
-        return self.producer.submit(urls, job=self.ref, job_spec=self.spec, **options)
 
 
 def _now_ms() -> int:

@@ -122,10 +122,14 @@ def schedule_site(target: str, reader: SitemapReader, producer: Producer, schedu
 
 
 class Lease:
-    """The scheduler's leader lease, held by ``owner`` (unique per process)."""
+    """A leader lease on ``key`` (the recrawl scheduler's, or the job runner's
+    ``jobs:lease``), held by ``owner`` (unique per process); fencing tokens from
+    ``schedule:fence``."""
 
-    def __init__(self, client: redis.Redis, ttl_ms: int, owner: str | None = None) -> None:
+    def __init__(self, client: redis.Redis, ttl_ms: int, owner: str | None = None,
+                 key: str = SCHEDULE_LEASE) -> None:
         self.client = client
+        self.key = key
         self.ttl_ms = ttl_ms
         self.owner = owner or uuid.uuid4().hex
         self._hold = client.register_script(HOLD_LUA)
@@ -133,12 +137,12 @@ class Lease:
 
     def hold(self) -> int:
         """Take or renew the lease: the fencing token, or 0 when another replica holds it."""
-        return int(self._hold(keys=[SCHEDULE_LEASE, SCHEDULE_FENCE], args=[self.owner,
-                                                                          self.ttl_ms]))
+        return int(self._hold(keys=[self.key, SCHEDULE_FENCE], args=[self.owner,
+                                                                    self.ttl_ms]))
 
     def release(self) -> bool:
         """Give the lease up (a clean stop): another replica takes over at its next tick."""
-        return bool(self._release(keys=[SCHEDULE_LEASE], args=[self.owner]))
+        return bool(self._release(keys=[self.key], args=[self.owner]))
 
 
 class RecrawlProducer(Producer):

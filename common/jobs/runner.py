@@ -55,7 +55,6 @@ from common.jobs.webhooks import Webhooks
 from common.store.keys import (
     JOBS_LEASE,
     JOBS_VERSION,
-    SCHEDULE_FENCE,
     WORKERS_PREFIX,
     job_key,
 )
@@ -83,12 +82,8 @@ return 0
 class JobsLease(Lease):
     """The job runner's lease: the recrawl scheduler's on ``jobs:lease``."""
 
-    def hold(self) -> int:
-        return int(self._hold(keys=[JOBS_LEASE, SCHEDULE_FENCE], args=[self.owner,
-                                                                      self.ttl_ms]))
-
-    def release(self) -> bool:
-        return bool(self._release(keys=[JOBS_LEASE], args=[self.owner]))
+    def __init__(self, client: redis.Redis, ttl_ms: int, owner: str | None = None) -> None:
+        super().__init__(client, ttl_ms, owner, key=JOBS_LEASE)
 
 
 class Deposed(Exception):

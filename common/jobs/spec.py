@@ -41,8 +41,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from common.core.config import KNOBS, Settings
 from common.jobs.spec_fields import (
     BadJob,
@@ -58,6 +56,7 @@ from common.jobs.spec_fields import (
     _schedule,
     _seeds,
     _webhooks,
+    read_yaml,
 )
 
 #: What a job may set: the settings read per page (extraction, user code, crawl mode, record
@@ -127,14 +126,7 @@ def load_job_file(path: str) -> JobSpec:
     Raises:
         BadJob: the file cannot be read, is not a mapping, or a field is wrong (named).
     """
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
-    except OSError as exc:
-        raise BadJob("", f"cannot read job file {path!r}: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise BadJob("", f"job file {path!r} is not YAML: {exc}") from None
-    return parse_job(data, base_dir=os.path.dirname(os.path.abspath(path)))
+    return parse_job(read_yaml(path, ""), base_dir=os.path.dirname(os.path.abspath(path)))
 
 
 def parse_job(data: Any, *, base_dir: str = ".", max_url_length: int = 2048) -> JobSpec:

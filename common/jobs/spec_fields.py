@@ -138,17 +138,21 @@ def _crawl(value: Any, knobs: dict[str, str]) -> None:
         knobs["CRAWL_ALLOWED_DOMAINS"] = ",".join(d.strip() for d in domains)
 
 
+def read_yaml(path: str, where: str) -> Any:
+    """A YAML (or JSON) file's content. Raises BadJob naming ``where`` and the path."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except OSError as exc:
+        raise BadJob(where, f"cannot read {path!r}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise BadJob(where, f"{path!r} is not YAML: {exc}") from None
+
+
 def _rules(value: Any, base_dir: str) -> str:
     """The rules as inline JSON (what EXTRACT_RULES takes), a file read now."""
     if isinstance(value, str):
-        path = os.path.join(base_dir, value.removeprefix("@"))
-        try:
-            with open(path, encoding="utf-8") as handle:
-                value = yaml.safe_load(handle)
-        except OSError as exc:
-            raise BadJob("rules", f"cannot read {path!r}: {exc.strerror or exc}") from None
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise BadJob("rules", f"{path!r} is not YAML: {exc}") from None
+        value = read_yaml(os.path.join(base_dir, value.removeprefix("@")), "rules")
     if not isinstance(value, dict | list):
         raise BadJob("rules", "expected rules (a mapping or a list) or a rules file name")
     # The rules themselves are validated with the workers' own validator before the job is

@@ -37,9 +37,12 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import yaml
 
 from common.core.config import KNOBS, Settings
 from common.jobs.spec_fields import (
@@ -121,11 +124,17 @@ class JobSpec:
 
 
 def load_job_file(path: str) -> JobSpec:
-    """Read and validate a job file (YAML or JSON).
+    """Read and validate a job file (YAML or JSON); ``-``: from standard input (files it
+    names are then read from the current directory: a container's, under compose).
 
     Raises:
         BadJob: the file cannot be read, is not a mapping, or a field is wrong (named).
     """
+    if path == "-":
+        try:
+            return parse_job(yaml.safe_load(sys.stdin), base_dir=os.getcwd())
+        except yaml.YAMLError as exc:
+            raise BadJob("", f"the job file on standard input is not YAML: {exc}") from None
     return parse_job(read_yaml(path, ""), base_dir=os.path.dirname(os.path.abspath(path)))
 
 

@@ -45,7 +45,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     submit = sub.add_parser("submit", help="validate a job file and store it (created); the "
                             "job runner (`scrape-fleet schedule run`) starts it; a bad file: "
                             "exit 2, the field named, nothing stored")
-    submit.add_argument("file", help="the job file (YAML or JSON)")
+    submit.add_argument("file", help="the job file (YAML or JSON); - reads it from standard "
+                        "input (`docker compose run --rm -T tools python job.py submit - < "
+                        "job.yml`)")
     submit.add_argument("--replace", action="store_true",
                         help="replace a job of that name that is not running or paused")
     sub.add_parser("list", help="every job: state, run, progress, rate, ETA").add_argument(

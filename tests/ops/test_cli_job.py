@@ -70,6 +70,16 @@ def test_a_bad_job_file_exits_2_naming_the_field_and_stores_nothing(redis_client
     assert not redis_client.exists(JOBS) and not list(redis_client.scan_iter("job:*"))
 
 
+def test_a_job_file_on_standard_input_is_submitted_through_the_root_script(redis_client,
+                                                                          run_cli):
+    submitted = run_cli("job.py", "submit", "-", input_text=GOOD)
+    assert submitted.returncode == 0, submitted.stderr
+    assert "job shop: created (2 seed URLs" in submitted.stdout
+    assert redis_client.hget(JOBS, "shop") is not None
+    refused = run_cli("job.py", "submit", "-", input_text="name: [unclosed\n")
+    assert refused.returncode == 2 and "not YAML" in refused.stderr
+
+
 def test_a_taken_name_is_refused_without_replace_and_replaced_with_it(settings, redis_client,
                                                                        capsys, tmp_path):
     assert _submit(settings, capsys, tmp_path)[0] == 0

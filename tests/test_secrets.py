@@ -227,7 +227,7 @@ def test_a_worker_at_debug_level_logs_and_exports_no_password(settings, redis_cl
                 metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
             except requests.ConnectionError:
                 return False
-            return 'fleet_fetches_total{outcome="result"} 3.0' in metrics
+            return 'fleet_fetches_total{job="",outcome="result"} 3.0' in metrics
 
         assert wait_for(settled, 30), output_of(worker)
     finally:

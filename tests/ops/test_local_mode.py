@@ -151,8 +151,8 @@ def test_a_newcomer_installs_starts_crawls_a_url_file_watches_exports_and_stops(
         assert all(line in up.stdout for line in settings), up.stdout
         assert "kept from the environment for the next runs: LOG_LEVEL " in up.stdout
         assert unread("up") == (0, "")  # already up: it prints where everything is
-        assert sorted(p.name for p in procs) == ["rabbitmq", "redis", "sink", "worker-1",
-                                                 "worker-2"]
+        assert sorted(p.name for p in procs) == ["rabbitmq", "redis", "scheduler", "sink",
+                                                 "worker-1", "worker-2"]
         assert all(p.alive for p in procs)
 
         produced = fleet("produce", "-f", "urls.txt")

@@ -93,7 +93,7 @@ def test_worker_serves_prometheus_metrics_with_outcomes_and_latency(settings, re
                 return ""
         # Six deliveries are worked on concurrently: wait until every one has settled
         # (five results and the 404's dead letter), not merely the first five.
-        settled = ('fleet_fetches_total{outcome="result"} 5.0',
+        settled = ('fleet_fetches_total{job="",outcome="result"} 5.0',
                    'fleet_dead_letters_total{reason="http_404"} 1.0')
         assert wait_for(lambda: all(line in metrics_text() for line in settled), 30), \
             output_of(worker)

@@ -30,6 +30,7 @@ MAY_IMPORT = {
     "work": {"core", "broker", "store", "web", "intake", "jobs"},
     "sink": {"core", "store"},
     "ops": {"core", "broker", "store", "web", "intake", "jobs", "work", "sink"},
+    "api": {"core", "broker", "store", "web", "intake", "jobs", "work", "sink", "ops"},
 }
 MAX_MODULE_LINES = 350
 MAX_ENTRY_SCRIPT_LINES = 120

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from common.core.errors import ConfigError
 from common.core.settings import (
+    ApiSettings,
     ArchiveSettings,
     BackoffSettings,
     BrokerSettings,
@@ -60,7 +61,7 @@ G = TypeVar("G", bound=SettingsGroup)
 # base first, so the fields (and KNOBS, README's table, the compose blocks) run from
 # BrokerSettings to OpsSettings.
 @dataclass(frozen=True, repr=False)
-class Settings(OpsSettings, JobSettings, RecrawlSettings, SinkSettings, PressureSettings, PageLimitSettings,
+class Settings(OpsSettings, ApiSettings, JobSettings, RecrawlSettings, SinkSettings, PressureSettings, PageLimitSettings,
                ArchiveSettings, ExtractSettings, CrawlSettings, BackoffSettings, CacheSettings,
                PolitenessSettings, IntakeSettings, StateSettings, FetchSettings,
                WorkerSettings, ReconnectSettings, RedisSettings, BrokerSettings):

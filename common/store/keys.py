@@ -115,6 +115,14 @@
                              attempt}, score = when due, ms), sent by the job runner.
     jobs:lease               STRING "token:owner", the job runner's lease (one runner seeds,
                              schedules and finishes jobs), as ``schedule:lease``.
+    api:tokens               HASH sha256(token) hex -> JSON {name, scope (read or admin),
+                             created, expires (0: never), user (a login's)}: the control
+                             plane's bearer tokens, stored hashed (common/api/auth.py).
+    api:users                HASH user name -> JSON {scope, salt, hash (scrypt)}: the UI's
+                             logins; a login creates a token of the user's scope.
+    api:fails:{who}          STRING counter of failed logins for a user name or a client
+                             address, PX API_LOGIN_BLOCK_S: at API_LOGIN_ATTEMPTS the login is
+                             refused (429) until it expires.
 
 ``{url}`` is the canonical URL; ``{origin}`` is scheme://host[:port]; ``{domain}`` the host.
 """
@@ -229,3 +237,12 @@ def job_run_key(name: str, run: int) -> str:
 
 def job_parked_key(name: str) -> str:
     return f"job:{name}:parked"
+
+
+API_TOKENS = "api:tokens"
+API_USERS = "api:users"
+
+
+def api_fails_key(who: str) -> str:
+    """Failed logins of a user name or a client address (``user:NAME``, ``addr:IP``)."""
+    return f"api:fails:{who}"

@@ -27,6 +27,7 @@ from common.core.settings.fetching import (
     WorkerSettings,
 )
 from common.core.settings.outputs import (
+    ApiSettings,
     JobSettings,
     OpsSettings,
     RecrawlSettings,
@@ -41,7 +42,7 @@ from common.core.settings.pages import (
 )
 
 __all__ = [
-    "ArchiveSettings", "BackoffSettings", "BrokerSettings", "CacheSettings", "CrawlSettings",
+    "ApiSettings", "ArchiveSettings", "BackoffSettings", "BrokerSettings", "CacheSettings", "CrawlSettings",
     "ExtractSettings", "FetchSettings", "IntakeSettings", "JobSettings", "Knob", "OpsSettings",
     "PageLimitSettings", "PolitenessSettings", "PressureSettings", "ReconnectSettings",
     "RecrawlSettings", "RedisSettings", "SettingsGroup", "SinkSettings", "StateSettings",

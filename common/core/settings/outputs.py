@@ -99,6 +99,32 @@ class JobSettings(SettingsGroup):
 
 
 @dataclass(frozen=True, repr=False)
+class ApiSettings(SettingsGroup):
+    """The control plane: the API service's address, logins and cross-origin calls."""
+
+    api_host: str = setting(
+        "API_HOST", values.text, "127.0.0.1",
+        "Address `scrape-fleet api` listens on: loopback unless told (compose publishes it on "
+        "127.0.0.1:8000; Kubernetes sets 0.0.0.0 behind its Service).")
+    api_port: int = setting("API_PORT", values.port, "8000", "Port of `scrape-fleet api`.")
+    api_token_ttl_s: int = setting(
+        "API_TOKEN_TTL_S", values.non_negative_int, "43200",
+        "Lifetime of the token a UI login creates (12 h); 0: until revoked. Tokens made with "
+        "`scrape-fleet api token create` never expire unless given --ttl.")
+    api_login_attempts: int = setting(
+        "API_LOGIN_ATTEMPTS", values.positive_int, "5",
+        "Failed logins a user name, or a client address, may make before logins from it are "
+        "refused (429) for API_LOGIN_BLOCK_S.")
+    api_login_block_s: int = setting(
+        "API_LOGIN_BLOCK_S", values.positive_int, "900",
+        "How long failed logins are counted and a blocked one stays blocked.")
+    api_cors_origins: str = setting(
+        "API_CORS_ORIGINS", values.text, "",
+        "Comma-separated origins allowed to call the API from a browser page of theirs "
+        "(CORS); empty: none (the UI is served by the API itself and needs none).")
+
+
+@dataclass(frozen=True, repr=False)
 class OpsSettings(SettingsGroup):
     """Operating the fleet: metrics, heartbeats, the management API, logs."""
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,9 @@ from common.ops import cli
 from common.web.fetch import Fetcher
 from common.work.extract import Extractor
 from common.work.follow import LinkMarks
-from common.work.parse import parse_html
+from common.work.parse import Page, parse_html
 from common.work.rules_file import load_rules
-from common.work.user_code import answer, load_router
+from common.work.user_code import Router, answer, load_router
 
 
 def try_main(settings: Settings, argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -48,21 +50,58 @@ def try_main(settings: Settings, argv: list[str] | None = None, prog: str | None
     rules = args.rules.strip()
     if rules and not (rules.startswith("@") or rules[:1] in ("[", "{")):
         rules = "@" + rules
-    extractor = Extractor(load_rules(rules, warn=lambda text: print(
-        f"warning: {text}", file=sys.stderr)), settings.rules_regex_timeout_s) if rules else None
+    extractor = extractor_of(rules, settings, warn=lambda text: print(
+        f"warning: {text}", file=sys.stderr))
     router = load_router(args.handlers) if args.handlers.strip() else None
     try:
         body, url, content_type = _page(args.target, args.url, settings)
     except (FleetError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return cli.EXIT_PARTIAL
+    try:
+        reading = read_page(body, url, content_type, settings, extractor, router, args.label)
+    except NoRule as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return cli.EXIT_PARTIAL
+    print(json.dumps(reading.out, indent=2, ensure_ascii=False))
+    return cli.EXIT_OK
+
+
+class NoRule(FleetError):
+    """No rule matches the page's URL and no handlers are given: nothing would read it."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the rules and handlers give on one page: ``out`` (what ``try`` prints: the rule,
+    its data, the links it would follow, the handler's answer), the parsed ``page`` and the
+    ``record`` the rule filled (``data``, ``data_errors``)."""
+
+    out: dict[str, Any]
+    page: Page
+    record: dict[str, Any]
+
+
+def extractor_of(rules: str, settings: Settings,
+                 warn: Callable[[str], None] | None = None) -> Extractor | None:
+    """The rules of an EXTRACT_RULES value (``@FILE`` or inline JSON), checked by the
+    workers' validator; None for none. Raises ConfigError naming the mistake."""
+    if not rules:
+        return None
+    return Extractor(load_rules(rules, warn=warn), settings.rules_regex_timeout_s)
+
+
+def read_page(body: bytes, url: str, content_type: str | None, settings: Settings,
+              extractor: Extractor | None, router: Router | None,
+              label: str | None = None) -> Reading:
+    """Parse a page as a worker does, running the first rule matching ``url`` and the
+    router's handler on its tree. Raises NoRule when neither would read it."""
     record: dict[str, Any] = {}
     out: dict[str, Any] = {"url": url}
     budget = extractor.budget() if extractor else None
     rule = extractor.match(url, budget) if extractor else None
     if rule is None and router is None:
-        print(f"error: no rule matches {url} and no handlers are given", file=sys.stderr)
-        return cli.EXIT_PARTIAL
+        raise NoRule(f"no rule matches {url} and no handlers are given")
     hooks = []
     if rule is not None:
         out["rule"] = rule.name
@@ -73,7 +112,7 @@ def try_main(settings: Settings, argv: list[str] | None = None, prog: str | None
         hooks.append(marks.on_tree)
     if router is not None:
         head = {"url": url, "status": 200, "headers": {}, "content_type": content_type,
-                "data": None, "label": args.label, "meta": None, "depth": 0,
+                "data": None, "label": label, "meta": None, "depth": 0,
                 "rule_handler": getattr(rule, "handler", None)}
 
         def run_handler(root: etree._Element, base_url: str) -> None:
@@ -92,19 +131,25 @@ def try_main(settings: Settings, argv: list[str] | None = None, prog: str | None
         out["data"], out["data_errors"] = record.get("data"), record.get("data_errors", {})
     if marks is not None:  # what crawl mode would hand on (before scope, robots.txt, dedupe)
         out["rule_follow"] = list(marks.plan(page.links, 0).links)
-    print(json.dumps(out, indent=2, ensure_ascii=False))
-    return cli.EXIT_OK
+    return Reading(out, page, record)
 
 
 def _page(target: str, url: str | None, settings: Settings) -> tuple[bytes, str, str | None]:
     """(body, URL, content type) of a saved file or a fetched URL."""
     if not target.startswith(("http://", "https://")):
         return Path(target).read_bytes(), url or Path(target).resolve().as_uri(), None
+    return fetch_page(target, settings)
+
+
+def fetch_page(url: str, settings: Settings) -> tuple[bytes, str, str | None]:
+    """(body, final URL, content type) of ``url`` fetched once through the fleet's Fetcher and
+    its address guard (FETCH_ALLOW_NETWORKS). Raises FetchError (``kind`` "blocked" for an
+    address the guard refuses) or FleetError for an HTTP error status."""
     fetcher = Fetcher(settings)
     try:
-        response = fetcher.fetch(target)
+        response = fetcher.fetch(url)
     finally:
         fetcher.close()
     if response.status >= 400:
-        raise FleetError(f"fetching {target} gave HTTP {response.status}")
+        raise FleetError(f"fetching {url} gave HTTP {response.status}")
     return response.body, response.final_url, response.content_type

@@ -333,7 +333,8 @@ def test_docker_stack_deploy_reads_the_compose_file(tmp_path):
                             stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr
     stack = yaml.safe_load(result.stdout)
-    assert set(stack["services"]) == {"rabbitmq", "redis", "scraper", "sink", "scheduler"}
+    assert set(stack["services"]) == {"rabbitmq", "redis", "scraper", "sink", "scheduler",
+                                     "api"}
     assert all("ports" not in s for s in stack["services"].values())
     scraper = stack["services"]["scraper"]["deploy"]
     assert scraper["replicas"] == int(env_example()["SCRAPER_REPLICAS"])

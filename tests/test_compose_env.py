@@ -20,7 +20,7 @@ from devtools import compose_env
 from tests.helpers import compose_config, env_example
 
 #: Services running the fleet's image, in docker-compose.yml and in the override.
-LONG_RUNNING = ("scraper", "sink", "scheduler")
+LONG_RUNNING = ("scraper", "sink", "scheduler", "api")
 TOOLS = ("producer", "sitemap_producer", "tools", "sink-postgres")
 #: Real passwords (the fleet refuses .env.example's placeholders).
 PASSWORDS = {"RABBITMQ_PASSWORD": "r3al-rabbit", "REDIS_PASSWORD": "r3al-redis",
@@ -83,7 +83,7 @@ def test_settings_env_leaves_out_keep_their_defaults(services):
     compose_decides = {"rabbitmq_host", "rabbitmq_port", "redis_host", "redis_port", "sink_dir",
                        "rabbitmq_user", "rabbitmq_password", "redis_password", "worker_id",
                        "connect_retry_s", "archive_dir", "metrics_host", "metrics_port",
-                       "postgres_url", "log_level"}
+                       "postgres_url", "log_level", "api_host", "api_port"}
     for name in (*LONG_RUNNING, *TOOLS):
         settings = settings_of(services[name])
         changed = {k.attr for k in KNOBS if k.attr not in compose_decides
@@ -121,3 +121,19 @@ def test_the_warc_archive_is_on_a_volume_the_tools_read(services):
     assert settings_of(services["scraper"]).archive_dir == "/data/archive"
     assert "warc-archive:/data/archive:rw" in services["scraper"]["volumes"]
     assert "warc-archive:/data/archive:ro" in services["tools"]["volumes"]
+
+
+def test_the_control_plane_listens_on_its_container_address_published_on_loopback_only(
+        tmp_path):
+    # API_HOST defaults to 127.0.0.1: in a container nothing outside it could reach that.
+    services = render(tmp_path, API_HOST="127.0.0.1", API_PORT="9999")
+    api = services["api"]
+    settings = settings_of(api)
+    assert (settings.api_host, settings.api_port) == ("0.0.0.0", 8000)
+    assert api["command"] == ["python", "api.py"]
+    assert api["ports"] == ["127.0.0.1:8000:8000/tcp"]  # as Debian's docker-compose renders
+    assert "http://127.0.0.1:8000/api/health" in " ".join(api["healthcheck"]["test"])
+    assert {name: dep["condition"] for name, dep in api["depends_on"].items()} == {
+        "rabbitmq": "service_healthy", "redis": "service_healthy"}
+    for name, service in services.items():  # every other published port: loopback too
+        assert all(p.startswith("127.0.0.1:") for p in service.get("ports", [])), name

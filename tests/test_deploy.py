@@ -358,6 +358,28 @@ def test_prod_has_prometheus_scrape_the_scrapers_through_a_service_monitor(rende
     assert {e["port"] for e in monitor["endpoints"]} <= port_names
 
 
+
+def test_the_control_plane_is_a_deployment_behind_a_service_probed_on_its_health_route(
+        rendered):
+    for overlay, docs in rendered.items():
+        api = _one(docs, "Deployment", "api")
+        (container,) = _pod_spec(api)["containers"]
+        assert container["command"] == ["python", "api.py"]
+        env = _env(container)
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        # The Service and the probes reach the pod's address; the default is loopback only.
+        assert env["API_HOST"]["value"] == "0.0.0.0"
+        assert int(env["API_PORT"]["value"]) == ports["http"]
+        for probe in (container["readinessProbe"], container["livenessProbe"]):
+            assert probe["httpGet"] == {"path": "/api/health", "port": "http"}
+        service = _one(docs, "Service", "api")["spec"]
+        assert service.get("type", "ClusterIP") == "ClusterIP", "published by nothing here"
+        assert service["selector"].items() <= api["spec"]["template"]["metadata"][
+            "labels"].items()
+        (port,) = service["ports"]
+        assert port["targetPort"] == "http"
+        assert api["spec"]["replicas"] == {"local": 1, "prod": 2}[overlay]
+
 # -- the Redis pods' start script ------------------------------------------------------------
 
 START_SH = K8S / "base" / "redis" / "start.sh"

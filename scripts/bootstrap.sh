@@ -5,8 +5,9 @@
 #      their own server from /usr/lib/postgresql/<version>/bin), docker-compose (the v1 client, used
 #      only to validate docker-compose.yml), kubectl (Debian's kubernetes-client: `kubectl
 #      kustomize` renders deploy/k8s in tests/test_deploy.py), nginx, strace (the local-mode
-#      secrets test), python3-venv when venv is unavailable, and python3 itself when .venv is
-#      to be made and /usr/bin/python3 is missing.
+#      secrets test), chromium and chromium-driver (the web UI's browser tests), python3-venv
+#      when venv is unavailable, and python3 itself when .venv is to be made and
+#      /usr/bin/python3 is missing.
 #   2. .venv with requirements-dev.lock: every package pinned with its sha256 hashes, checked by
 #      pip (--require-hashes), wheels only; re-installed only when a lock changes. The locks are
 #      generated from requirements.txt and requirements-dev.txt (see requirements.txt's header).
@@ -31,6 +32,10 @@ have docker-compose || missing+=(docker-compose)
 have kubectl || missing+=(kubernetes-client)
 have nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 have strace || missing+=(strace)  # tests/ops/test_local_secrets.py traces every execve
+# The web UI's browser tests (tests/api/test_ui_browser.py) drive Debian's Chromium through
+# Selenium with this chromedriver: no browser is ever downloaded.
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 # The Python to make .venv with (see the header); the oldest supported is 3.11
 # (pyproject.toml's requires-python).
 python_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; }
@@ -80,7 +85,8 @@ if [ "${#missing[@]}" -gt 0 ] || [ "${#venv_package[@]}" -gt 0 ]; then
     "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y \
         "${missing[@]}" "${venv_package[@]}"
 else
-    log "rabbitmq-server, redis-server, postgresql, docker-compose and kubectl are installed"
+    log "rabbitmq-server, redis-server, postgresql, docker-compose, kubectl and chromium" \
+        "are installed"
 fi
 
 pick_python

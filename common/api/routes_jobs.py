@@ -19,6 +19,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from common.api.deps import Admin, Reader, redis_of, settings_of
+from common.core.redact import redact_url
 from common.jobs.progress import RunProgress, measure
 from common.jobs.registry import JobRef, JobRegistry, JobState, JobStateError
 from common.jobs.spec import BadJob, JobSpec, parse_job
@@ -198,13 +199,16 @@ def list_jobs(request: Request, caller: Reader) -> list[JobListItem]:
 
 @router.get("/{name}", response_model=JobDetail, responses={404: {"description": "no job"}})
 def show_job(request: Request, caller: Reader, name: str) -> JobDetail:
-    """A job's stored definition, state, current run's progress (failures by reason) and the
-    fleet's state at the domains of its seeds."""
+    """A job's stored definition (webhook URLs redacted), state, current run's progress
+    (failures by reason) and the fleet's state at the domains of its seeds."""
     registry = registry_of(request)
     state = state_or_404(registry, name)
     spec = registry.spec(name)
     [progress] = measure(registry.client, [state])
-    return JobDetail(state=state, definition=json.loads(spec.to_json()) if spec else None,
+    definition = json.loads(spec.to_json()) if spec else None
+    if definition:  # a hook's URL may carry its secret (?token=…, user:password@)
+        definition["webhooks"] = [redact_url(url) for url in definition["webhooks"]]
+    return JobDetail(state=state, definition=definition,
                      seeds=registry.client.llen(job_seeds_key(name)),
                      schedule=schedule_text(spec), progress=progress,
                      domains=job_domains(settings_of(request), registry.client, name))

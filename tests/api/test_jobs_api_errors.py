@@ -14,6 +14,7 @@ import requests
 
 from common.jobs.progress import readings_key
 from common.jobs.registry import JobRegistry
+from common.jobs.spec import parse_job
 from common.store.keys import JOBS
 from tests.helpers import wait_for
 
@@ -154,6 +155,15 @@ def test_a_taken_name_and_commands_the_state_forbids_are_409_with_the_registrys_
     assert api.call("POST", "/api/jobs/alpha/cancel").json()["state"] == "cancelled"
     assert api.call("GET", "/api/jobs/alpha", token="read").json()["state"]["reason"] == (
         "cancelled by a user")
+
+
+def test_a_jobs_webhook_secrets_are_not_shown(api, redis_client):
+    hook = "https://127.0.0.1/done?token=s3cret-value&run=1"  # userinfo is refused
+    JobRegistry(redis_client).submit(parse_job({**GOOD, "webhooks": [hook]}))
+    shown = api.call("GET", "/api/jobs/alpha", token="read")
+    assert shown.status_code == 200 and shown.json()["definition"]["webhooks"] == [
+        "https://127.0.0.1/done?run=1&token=***"]  # canonical order
+    assert "s3cret-value" not in shown.text
 
 
 def events_of(answer: requests.Response):

@@ -56,6 +56,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                 "results again from archived WARC files, no fetching (reparse.py)"),
     "job": ("common.ops.cli_job", "job_main",
             "submit, follow, pause, resume, cancel a job and read its results"),
+    "api": ("common.api.cli", "api_main",
+            "the control plane: HTTP API and web UI; tokens and users"),
     "try": ("common.ops.cli_try", "try_main",
             "what your rules and handlers give on one page, no fleet needed"),
 }

@@ -1,25 +1,25 @@
-"""Local mode: ``scrape-fleet up`` starts RabbitMQ, Redis, N workers, the files sink and the
-scheduler (its job runner runs the jobs) on this machine, on loopback, in the background;
-``scrape-fleet down`` stops them without losing work.
+"""Local mode: ``scrape-fleet up`` starts RabbitMQ, Redis, N workers, the files sink, the
+scheduler (its job runner runs the jobs) and the control plane (:mod:`common.ops.local_api`) on
+this machine, on loopback, in the background; ``scrape-fleet down`` stops them, losing no work.
 
 ``up`` starts, in this order, each in its own process group and recorded in state.json as soon
 as it runs (so ``down`` can stop a half-started fleet): RabbitMQ from Debian's scripts
 (:class:`~common.ops.rabbit_node.RabbitNode`; AMQP on 5672, the management UI on 15672 when
 free, else free ports), Redis with an AOF and a password, the files sink (registered before any
-result, so the streams keep every entry until it is in the files), the workers, then
-``schedule run``. It waits for each (the sink's registration, the workers' heartbeats, the job
-runner's lease), writes fleet.env and prints how to seed, watch, export and stop, and the
-settings it runs with: those kept in settings.env from the last run, updated by the
-environment, ``--set`` and ``--allow-network`` (:mod:`common.ops.fleet_settings`), and kept
-again for the next. Everything lives in one directory (:mod:`common.ops.fleet_dir`), kept
-between runs: queued URLs, results and the seen-set are there again after the next ``up``.
+result, so the streams keep every entry until it is in the files), the workers, ``schedule
+run``, ``api``, waiting for each (the sink's registration, the workers' heartbeats, the job
+runner's lease, the API's health), writes fleet.env, prints how to seed, watch, export, stop
+and reach the control plane, and the settings it runs with (:mod:`common.ops.fleet_settings`:
+settings.env's from the last run, updated by the environment, ``--set`` and
+``--allow-network``, kept for the next). All in one directory (:mod:`common.ops.fleet_dir`),
+kept between runs: queued URLs, results and the seen-set are there again at the next ``up``.
 
-``down`` stops in the order that loses nothing: the workers get SIGTERM and finish what they
-hold (ack after the outcome is durable; a worker still busy after ``--timeout`` is killed and
-the broker redelivers what it held at the next ``up``), the sink and the scheduler's learner
-read what is left, the scheduler stops (a half-seeded run is seeded on at the next ``up``),
-Redis saves and shuts down, RabbitMQ stops with ``rabbitmqctl stop``. Erlang's port mapper
-(``epmd``), shared by every node on the machine, may stay, as it does after any RabbitMQ.
+``down`` stops in the order that loses nothing: the API, then the workers get SIGTERM and
+finish what they hold (ack after the outcome is durable; one still busy after ``--timeout`` is
+killed and the broker redelivers what it held at the next ``up``), the sink and the scheduler's
+learner read what is left, the scheduler stops (a half-seeded run is seeded on at the next
+``up``), Redis saves and shuts down, RabbitMQ stops (``rabbitmqctl stop``; Erlang's ``epmd``,
+shared by every node on the machine, may stay, as after any RabbitMQ).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from urllib.parse import quote, unquote, urlsplit
 import redis
 
 from common.core.config import Settings
-from common.ops import cli
+from common.ops import cli, local_api
 from common.ops.fleet_dir import DIR_VARIABLE, LOCAL_VARIABLES, FleetDir, Proc, default_dir
 from common.ops.fleet_settings import (
     SETTABLE,
@@ -145,8 +145,7 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
         started.append(Proc.of("redis", start_redis(cmd, client, timeout_s=30).pid))
         fleet.write_state(started, **state)
         user, secret = (quote(part, safe="") for part in node.management_auth)
-        env = dict(values)
-        env |= {"RABBITMQ_URL": node.url, "REDIS_URL": redis_url,
+        env = {**values, "RABBITMQ_URL": node.url, "REDIS_URL": redis_url,
                "RABBITMQ_MANAGEMENT_URL": f"http://{user}:{secret}@127.0.0.1:"
                                           f"{node.management_port}",
                "SINK_DIR": str(fleet.results)}
@@ -166,6 +165,10 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
                               {"WORKER_ID": "local-scheduler"}))
         fleet.write_state(started, **state)
         _wait_ready(started[-1], fleet, lambda: client.exists(JOBS_LEASE))
+        port = state[local_api.PORT_KEY] = local_api.api_port(values, any_port=args.any_port)
+        started.append(_spawn(fleet, local_api.NAME, ["api"], env, {"API_PORT": str(port)}))
+        fleet.write_state(started, **state)
+        _wait_ready(started[-1], fleet, local_api.api_ready(values, port))
     except BaseException:
         print("start failed: stopping what started", file=sys.stderr)
         stop_fleet(fleet, timeout_s=30, say=lambda text: print(text, file=sys.stderr))
@@ -247,7 +250,7 @@ def stop_fleet(fleet: FleetDir, *, timeout_s: float, say: Callable[[str], None] 
     procs, state = fleet.read_state()
     by_name = {p.name: p for p in procs}
     redis_url = fleet.read_env().get("REDIS_URL")
-    clean = True
+    clean = local_api.stop_api(by_name.get(local_api.NAME), say)  # first: no call while it stops
     workers = [p for p in procs if p.name.startswith("worker-")]
     for proc in workers:
         proc.signal(signal.SIGTERM)
@@ -297,8 +300,7 @@ def _sink_backlog_after(client: redis.Redis, timeout_s: float) -> int:
 
 
 def _save_and_shut_down(client: redis.Redis) -> bool:
-    """SHUTDOWN SAVE: an RDB snapshot besides the AOF, then the server exits."""
-    client.shutdown(save=True)
+    client.shutdown(save=True)  # SHUTDOWN SAVE: an RDB snapshot besides the AOF, then it exits
     return True
 
 
@@ -334,11 +336,12 @@ def started_text(fleet: FleetDir, workers: int, *, already: bool = False) -> str
     width = max(len(command) for command, _ in steps) + 2
     return "\n".join([
         f"scrape-fleet is {'already ' if already else ''}up: {workers} workers, the files "
-        f"sink and the scheduler (jobs), data in {fleet.path}",
+        f"sink, the scheduler (jobs) and the control plane, data in {fleet.path}",
         # The password is never printed: it is in fleet.env (mode 0600), RABBITMQ_MANAGEMENT_URL.
         f"  RabbitMQ management UI: http://localhost:{ui.port}  user "
         f"{unquote(ui.username or '')}  password: RABBITMQ_MANAGEMENT_URL in {fleet.env_file}",
         f"  AMQP 127.0.0.1:{amqp.port}, Redis 127.0.0.1:{store.port} (URLs in {fleet.env_file})",
+        *local_api.api_lines(fleet),
         f"  logs: {fleet.logs}/  results (gzip JSON Lines): {fleet.results}/",
         f"settings (kept for the next up in {fleet.settings_file}; `scrape-fleet config set "
         "KEY=VALUE` changes them):",

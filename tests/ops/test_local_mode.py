@@ -33,6 +33,7 @@ import pytest
 
 from common.ops.console import COMMANDS
 from common.ops.fleet_dir import CONNECTION_VARIABLES, FleetDir, Proc, start_time, use_local_fleet
+from common.ops.local_api import health_url, is_healthy
 from common.ops.servers import pick_port
 from devtools.testsite import TestSite
 from tests.helpers import REPO_ROOT, wait_for
@@ -151,9 +152,13 @@ def test_a_newcomer_installs_starts_crawls_a_url_file_watches_exports_and_stops(
         assert all(line in up.stdout for line in settings), up.stdout
         assert "kept from the environment for the next runs: LOG_LEVEL " in up.stdout
         assert unread("up") == (0, "")  # already up: it prints where everything is
-        assert sorted(p.name for p in procs) == ["rabbitmq", "redis", "scheduler", "sink",
-                                                 "worker-1", "worker-2"]
+        assert sorted(p.name for p in procs) == ["api", "rabbitmq", "redis", "scheduler",
+                                                 "sink", "worker-1", "worker-2"]
         assert all(p.alive for p in procs)
+        api_port = FleetDir(fleet_dir).read_state()[1]["api_port"]
+        assert f"  control plane: http://127.0.0.1:{api_port}/  (web UI" in up.stdout
+        assert "a user for the UI: scrape-fleet api user add me --scope admin" in up.stdout
+        assert is_healthy(f"http://127.0.0.1:{api_port}/api/health")
 
         produced = fleet("produce", "-f", "urls.txt")
         assert produced.returncode == 0 and "new=1 " in produced.stdout, produced.stderr
@@ -272,3 +277,13 @@ def test_a_process_is_known_by_its_pid_and_start_time_so_a_reused_pid_is_not_sig
     finally:
         child.kill()
         child.wait(5)
+
+
+def test_the_control_plane_is_asked_on_loopback_when_it_listens_on_every_address():
+    assert health_url({}, 8000) == "http://127.0.0.1:8000/api/health"  # API_HOST's default
+    assert health_url({"API_HOST": "0.0.0.0"}, 8123) == "http://127.0.0.1:8123/api/health"
+    assert health_url({"API_HOST": "::"}, 8123) == "http://[::1]:8123/api/health"
+    assert health_url({"API_HOST": "10.1.2.3"}, 80) == "http://10.1.2.3:80/api/health"
+    with socket.socket() as sock:  # a port nobody answers on: not healthy, no exception
+        sock.bind(("127.0.0.1", 0))
+        assert not is_healthy(f"http://127.0.0.1:{sock.getsockname()[1]}/api/health")

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from common.api.deps import Reader, redis_of, settings_of
 from common.api.routes_jobs import registry_of, state_or_404
+from common.core.errors import ServiceUnavailable
 from common.ops.export import Entry, Exporter, of_job, parse_stream_id, read_entries
 from common.store.results import ResultStore
 
@@ -62,7 +63,8 @@ def _chunks(entries: Iterator[Entry], fmt: str) -> Iterator[str]:
 def job_results(request: Request, caller: Reader, name: str,
                 run: int | None = Query(None, ge=1, description="default: the current run"),
                 after: str | None = Query(None, description="a stream id: records after it"),
-                limit: int = Query(100, ge=1, le=MAX_LIMIT),
+                limit: int = Query(100, ge=1, le=MAX_LIMIT,
+                                   description="records a page (a format streams them all)"),
                 format: Literal["jsonl", "csv"] | None = Query(  # noqa: A002 - the API's word
                     None, description="stream every matching record in this format")
                 ) -> Any:
@@ -81,7 +83,10 @@ def job_results(request: Request, caller: Reader, name: str,
     mine = _after(of_job(read_entries(store, after or "-"), name, chosen), after)
     if format is not None:
         return StreamingResponse(_chunks(mine, format), media_type=_MEDIA[format])
-    page = list(islice(mine, limit + 1)) if chosen else []
+    try:
+        page = list(islice(mine, limit + 1)) if chosen else []
+    except ServiceUnavailable as exc:
+        raise HTTPException(503, str(exc)) from None
     items = [{"id": entry_id, **record} | {"id": entry_id} for entry_id, record in page[:limit]]
     return ResultsPage(items=items, next=page[limit - 1][0] if len(page) > limit else None)
 

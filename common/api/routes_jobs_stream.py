@@ -3,17 +3,20 @@
 One ``data: {RunProgress as JSON}`` event every ``interval`` seconds (one state read and one
 :func:`~common.jobs.progress.measure` call a tick, in a worker thread: the event loop never
 waits on Redis), then ``event: end`` once the run is finished or cancelled (its last figures)
-or the job is deleted (``{"name": …, "state": "deleted"}``). A client that goes away ends it:
-Starlette cancels the generator when the connection closes (ASGI http.disconnect).
+or the job is deleted (``{"name": …, "state": "deleted"}``); ``event: error`` if Redis fails
+(an EventSource reconnects by itself: a client closes it on ``end``). A client that goes away
+ends it: Starlette cancels the generator when the connection closes (ASGI http.disconnect).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import redis
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import StreamingResponse
 
@@ -22,16 +25,20 @@ from common.api.routes_jobs import registry_of, state_or_404
 from common.jobs.progress import measure
 from common.jobs.registry import ENDED, JobRegistry, JobStateError
 
+logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
 
 def _tick(registry: JobRegistry, name: str) -> tuple[str, dict[str, Any]]:
-    """("data" | "end", the event's body)."""
+    """("data" | "end" | "error", the event's body)."""
     try:
         state = registry.state(name)
+        [progress] = measure(registry.client, [state])
     except JobStateError:
         return "end", {"name": name, "state": "deleted"}
-    [progress] = measure(registry.client, [state])
+    except redis.RedisError as exc:
+        logger.warning("progress stream of job %s: Redis failed: %s", name, exc)
+        return "error", {"name": name, "error": f"Redis: {type(exc).__name__}"}
     return ("end" if state.state in ENDED else "data"), progress.as_dict()
 
 
@@ -44,7 +51,7 @@ async def _events(registry: JobRegistry, name: str, interval_s: float) -> AsyncI
     while True:
         kind, body = await anyio.to_thread.run_sync(_tick, registry, name)
         yield _event(kind, body)
-        if kind == "end":
+        if kind != "data":
             return
         await anyio.sleep(interval_s)
 

@@ -194,6 +194,20 @@ def test_the_progress_stream_ends_with_an_end_event_when_the_job_is_cancelled(
     assert len(seen) <= 5 and time.monotonic() - started < 3  # ticks of 0.2 s
 
 
+def test_the_progress_stream_of_a_job_deleted_meanwhile_ends_saying_so(api):
+    assert api.call("POST", "/api/jobs", json=GOOD).status_code == 201
+    headers = {"Authorization": f"Bearer {api.read}"}
+    with requests.get(api.url + "/api/jobs/alpha/progress/stream?interval=0.2",
+                      headers=headers, stream=True, timeout=(5, 10)) as answer:
+        ticks = events_of(answer)
+        kind, body = next(ticks)
+        assert kind == "message" and (body["state"], body["run"], body["known"]) == (
+            "created", 0, 0)
+        assert api.call("DELETE", "/api/jobs/alpha").status_code == 204
+        rest = list(ticks)
+    assert rest[-1] == ("end", {"name": "alpha", "state": "deleted"}) and len(rest) <= 2
+
+
 def test_the_progress_stream_stops_measuring_when_the_client_goes_away(api, redis_client):
     assert api.call("POST", "/api/jobs", json=GOOD).status_code == 201
     JobRegistry(redis_client).start_run("alpha")

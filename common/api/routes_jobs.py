@@ -156,7 +156,7 @@ def validated(request: Request, body: JobDefinition) -> JobSpec:
     if isinstance(data.get("seeds"), dict):
         data["seeds"] = {k: v for k, v in data["seeds"].items() if v is not None}
     try:
-        spec = parse_job(data, base_dir="/nonexistent")
+        spec = parse_job(data, base_dir="/nonexistent")  # no file is named: none is read
     except BadJob as exc:
         raise _unprocessable([(exc.field, str(exc))]) from None
     problems = check_job(spec, redis_of(request), settings_of(request))

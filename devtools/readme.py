@@ -9,7 +9,10 @@ Each table sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` marker
   :mod:`common.store.keys`;
 * ``layout`` (docs/reference/layout.md): every room of ``common/`` (its ``__init__``
   docstring) and every module in it (the first line of its docstring), then the entry scripts
-  and support folders.
+  and support folders;
+* ``api-reference`` (docs/reference/api.md): every path and method of the control plane's
+  OpenAPI document with its scope, parameters, bodies and answers, and every schema
+  (:mod:`devtools.api_reference`).
 
 ``python -m devtools.readme`` rewrites the pages; ``--check`` exits 1 when one is stale (what
 tests/test_docs.py asserts). The module kept its name from when the tables were in README.md.
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from common.core.config import KNOBS
 from common.store import keys
+from devtools.api_reference import api_reference
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = REPO_ROOT / "docs" / "reference"
@@ -117,12 +121,14 @@ def redis_keys() -> str:
 
 
 SECTIONS: dict[str, Callable[[], str]] = {
-    "config-table": config_table, "layout": layout, "redis-keys": redis_keys}
+    "config-table": config_table, "layout": layout, "redis-keys": redis_keys,
+    "api-reference": api_reference}
 #: Each generated page and the sections it holds.
 PAGES: dict[Path, tuple[str, ...]] = {
     REFERENCE / "configuration.md": ("config-table",),
     REFERENCE / "redis-and-queues.md": ("redis-keys",),
     REFERENCE / "layout.md": ("layout",),
+    REFERENCE / "api.md": ("api-reference",),
 }
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from common.broker import topology
 from common.ops.console import COMMANDS
 from common.work.rules_file import load_rules
-from devtools import readme
+from devtools import api_reference, readme
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 README = REPO_ROOT / "README.md"
@@ -49,9 +49,50 @@ def test_the_key_list_is_generated_from_the_key_schema():
         assert f"`{key}" in section
 
 
+def test_the_api_page_is_generated_from_the_openapi_document_with_every_route_and_scope():
+    section = _section(REFERENCE / "api.md", "api-reference")
+    assert section == api_reference.api_reference(), (
+        "docs/reference/api.md is stale: python -m devtools.readme")
+    app = api_reference.build_app()
+    document = app.openapi()
+    scopes = api_reference.route_scopes(app)
+    for path, operations in document["paths"].items():
+        for method in operations:
+            assert f"### `{method.upper()} {path}`" in section
+            assert f"| {method.upper()} | [`{path}`]" in section
+    assert scopes[("GET", "/api/health")] == "none"
+    assert scopes[("POST", "/api/jobs")] == "admin" and scopes[("GET", "/api/jobs")] == "read"
+    assert {key for key, scope in scopes.items() if scope == "none"} == api_reference.ANONYMOUS
+    assert all(f"### {name} {{#schema-" in section for name in document["components"]["schemas"])
+
+
+def test_a_route_without_a_token_stops_the_api_page_from_being_generated():
+    from fastapi import FastAPI
+
+    from common.api.deps import Admin
+
+    app = FastAPI()
+
+    @app.get("/api/open")
+    def open_route() -> dict:
+        return {}
+
+    @app.post("/api/closed")
+    def closed_route(caller: Admin) -> dict:
+        return {}
+
+    try:
+        api_reference.route_scopes(app)
+    except ValueError as error:
+        assert "GET /api/open takes no token" in str(error)
+    else:
+        raise AssertionError("an anonymous route was documented")
+
+
 def test_the_generator_checks_every_page_and_finds_none_stale():
     assert set(readme.PAGES) == {REFERENCE / "configuration.md",
-                                 REFERENCE / "redis-and-queues.md", REFERENCE / "layout.md"}
+                                 REFERENCE / "redis-and-queues.md", REFERENCE / "layout.md",
+                                 REFERENCE / "api.md"}
     assert readme.main(["--check"]) == 0
 
 

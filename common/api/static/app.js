@@ -95,6 +95,13 @@ function eta(p) {
   if (p.known && p.known - p.done <= 0) return "0s";
   return duration(p.eta_s);
 }
+/** A record's time (Unix seconds or ms, or text) as UTC text. */
+function when(value) {
+  if (value === undefined || value === null || value === "") return "";
+  if (typeof value !== "number") return String(value);
+  const ms = value > 1e12 ? value : value * 1000;
+  return new Date(ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+}
 function percent(p) { return p.known ? Math.min(100, (100 * p.done) / p.known) : 0; }
 
 function setBar(bar, p) {
@@ -105,12 +112,20 @@ function setBar(bar, p) {
   bar.classList.toggle("done", p.state === "finished");
 }
 
-function notice(text, bad) {
+/** Show `text` in the page's status line (an error when `bad`); `fromPoll`: a refresh's
+ * error, which the next good refresh clears (a user action's message stays). */
+function notice(text, bad, fromPoll) {
   const box = $("notice");
   if (!box) return;
   box.textContent = text;
   box.classList.toggle("bad", !!bad);
   box.hidden = !text;
+  box.dataset.fromPoll = fromPoll ? "yes" : "";
+}
+
+function clearPollNotice() {
+  const box = $("notice");
+  if (box && box.dataset.fromPoll) notice("");
 }
 
 /** Run `task` now and every POLL_MS, one at a time; errors shown, polling goes on. */
@@ -119,7 +134,14 @@ function poll(task) {
   const tick = async () => {
     if (busy || document.hidden) return;
     busy = true;
-    try { await task(); } catch (e) { notice(e.message, true); } finally { busy = false; }
+    try {
+      await task();
+      clearPollNotice();
+    } catch (e) {
+      notice(e.message, true, true);
+    } finally {
+      busy = false;
+    }
   };
   tick();
   return setInterval(tick, POLL_MS);
@@ -162,7 +184,6 @@ function jobsPage() {
     const jobs = listOf(await api("GET", "/api/jobs"), "jobs", "items");
     $("jobs-empty").hidden = jobs.length > 0;
     body.replaceChildren(...jobs.map((job) => jobRow(job)));
-    notice("");
   });
 }
 
@@ -207,7 +228,9 @@ function showErrors(form, error) {
     const path = (item.loc || []).filter((part, i) => !(i === 0 && part === "body"));
     const id = FORM_FIELDS[path[0]];
     const box = id ? $(id + "-error") : $("form-error");
-    box.textContent = (box.hidden ? "" : box.textContent + " ") + (path.join(".") || "job") + ": " + item.msg;
+    const where = path.join(".") || "job";
+    const msg = String(item.msg).startsWith(where + ":") ? item.msg : `${where}: ${item.msg}`;
+    box.textContent = (box.hidden ? "" : box.textContent + " ") + msg;
     box.hidden = false;
     if (id) {
       $(id).setAttribute("aria-invalid", "true");
@@ -262,9 +285,10 @@ function newJobPage() {
     try {
       const rules = await rulesValue();
       if (rules === undefined) throw new Error("write some rules in the editor first");
-      const html = $("try-html").value;
-      const body = { rules, url: $("try-url").value.trim() || undefined };
-      if (html.trim()) body.html = html;
+      const html = $("try-html").value, url = $("try-url").value.trim();
+      // Pasted HTML is read as if fetched from the URL given (its base); else the URL is fetched.
+      const body = html.trim() ? { rules, html, base_url: url || undefined } : { rules, url };
+      if (!html.trim() && !url) throw new Error("give a page URL, or paste the page's HTML");
       showTry(await api("POST", "/api/rules/check", body));
     } catch (e) {
       error.textContent = e.message;
@@ -306,8 +330,8 @@ function jobPage() {
     }
     showDomains(job.domains || []);
     await showDeadLetters(name);
-    notice("");
   });
+  window.addEventListener("resize", () => drawChart($("chart"), points));
   document.querySelectorAll("[data-action]").forEach((button) => {
     button.addEventListener("click", async () => {
       button.disabled = true;
@@ -327,8 +351,8 @@ function jobPage() {
       replay.disabled = true;
       try {
         const answer = await api("POST", "/api/dead-letters/replay", { job: name });
-        const count = answer && (answer.replayed ?? answer.count);
-        notice(count === undefined ? "Replayed." : `Replayed ${count} dead letters.`);
+        const kept = Object.entries(answer.refused || {}).map(([why, n]) => `${n} ${why}`).join(", ");
+        notice(`Replayed ${answer.replayed || 0} dead letters` + (answer.kept ? `; ${answer.kept} kept in the queue (${kept})` : "") + ".");
         await showDeadLetters(name);
       } catch (e) {
         notice(e.message, true);
@@ -344,7 +368,8 @@ function showProgress(p, job) {
   state.textContent = p.state;
   state.className = "badge " + p.state;
   $("job-run").textContent = p.run ? `(run ${p.run})` : "(no run yet)";
-  $("job-reason").textContent = p.reason || (job && job.reason) || "";
+  const reason = p.reason || (job && job.reason) || "";
+  $("job-reason").textContent = reason ? "Reason: " + reason : "";
   setBar($("job-bar"), p);
   $("f-done").textContent = `${number(p.done || 0)} / ${number(p.known || 0)}`;
   $("f-percent").textContent = percent(p).toFixed(1) + " %";
@@ -367,7 +392,9 @@ function showProgress(p, job) {
 /** A line chart of `values` as inline SVG (no library). */
 function drawChart(box, values) {
   const NS = "http://www.w3.org/2000/svg";
-  const W = 600, H = 140, L = 36, B = 18, T = 8;
+  // Drawn at the box's own width in pixels, so that its text is as large on a phone as on
+  // a laptop (a scaled viewBox would shrink or blow it up).
+  const W = Math.max(240, Math.round(box.clientWidth || 600)), H = 150, L = 40, B = 20, T = 8;
   const top = Math.max(1, ...values) * 1.1;
   const svg = document.createElementNS(NS, "svg");
   const make = (tag, attrs) => {
@@ -376,6 +403,8 @@ function drawChart(box, values) {
     return node;
   };
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("width", W);
+  svg.setAttribute("height", H);
   svg.setAttribute("role", "img");
   const last = values.length ? values[values.length - 1] : 0;
   svg.setAttribute("aria-label", `Pages per second over the last ${values.length} readings; now ${rate(last)}, highest ${rate(Math.max(0, ...values))}`);
@@ -420,7 +449,7 @@ async function showResults(base, run) {
     return el("li", {}, el("details", {},
       el("summary", { text: record.url || "(no URL)" }),
       el("p", { class: "meta", text: [record.status && `HTTP ${record.status}`, record.run && `run ${record.run}`,
-        record.fetched_at || record.at || ""].filter(Boolean).join(" · ") }),
+        when(record.fetched_at || record.at)].filter(Boolean).join(" · ") }),
       el("pre", { class: "code", tabindex: 0, text: JSON.stringify(data, null, 2) })));
   }));
 }
@@ -455,7 +484,6 @@ function workersPage() {
     document.querySelector("#queues tbody").replaceChildren(...queues.map((q) => el("tr", {},
       el("td", { text: q.name || q.queue }), el("td", { class: "num", text: number(q.ready ?? q.messages) }),
       el("td", { class: "num", text: number(q.unacked) }), el("td", { class: "num", text: number(q.consumers) }))));
-    notice("");
   });
 }
 
@@ -466,8 +494,10 @@ function workerCard(w) {
   const jobs = Object.entries(w.jobs || {}).map(([run, n]) => `${run}: ${n}`).join(", ");
   return el("section", { class: "card worker", "data-worker": w.id, "aria-label": "worker " + w.id },
     el("h2", {}, el("span", { text: w.id + " " }),
-      el("span", { class: "badge " + (paused ? "paused" : "running"), text: paused ? "paused" : "working" })),
-    paused ? el("p", { class: "error", text: "Paused: " + (pressure.reasons || [pressure.reason || w.reason]).join(", ") }) : null,
+      el("span", { class: "badge " + (paused ? "paused" : "running"), text: paused ? "paused" : "running" })),
+    paused ? el("p", { class: "error", text: String(w.state || "").startsWith("paused") ? "Why: " + w.state
+      : "Paused: " + (pressure.reasons || [pressure.reason || w.reason]).join(", ") }) : null,
+    w.host ? el("p", { class: "meta", text: `host ${w.host}` + (w.pid ? `, pid ${w.pid}` : "") }) : null,
     el("p", { class: "meta", text: `in flight ${number(w.in_flight || 0)} of ${number(w.concurrency)} · processed ${number(w.processed || 0)}`
       + (w.beat_age_s !== undefined ? ` · beat ${rate(w.beat_age_s)}s ago` : "") + (w.stale ? " (stale)" : "") }),
     jobs ? el("p", { class: "meta", text: "job runs: " + jobs }) : null,

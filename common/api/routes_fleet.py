@@ -12,14 +12,15 @@ counts this process's calls by route, method and status in its own CollectorRegi
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
 
 import pika
 import redis
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.api.deps import Reader, redis_of, settings_of
 from common.broker.connection import connect_rabbitmq
@@ -112,21 +113,41 @@ def _plain(value: Any, secrets: frozenset[str]) -> Any:
     return scrub(str(value), secrets)
 
 
+class CountCalls:
+    """ASGI middleware counting each HTTP call by its route's template (``/api/jobs/{name}``,
+    never the raw path: bounded label values), method and status. Plain ASGI, so a streamed
+    answer (server-sent events) passes through untouched."""
+
+    def __init__(self, app: ASGIApp, calls: Counter) -> None:
+        self.app = app
+        self.calls = calls
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]  # what an exception that no handler answered becomes
+
+        async def noting(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, noting)
+        finally:
+            route = scope.get("route")  # set by the router on this same scope
+            self.calls.labels(getattr(route, "path", "unmatched"), scope["method"],
+                              str(status[0])).inc()
+
+
 def include(app: FastAPI) -> None:
     registry = CollectorRegistry()
     calls = Counter("api_calls", "Control-plane calls by route, method and status",
                     ["route", "method", "status"], registry=registry)
     app.state.metrics = registry
 
-    @app.middleware("http")
-    async def count_calls(request: Request,
-                          call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        response = await call_next(request)
-        route = request.scope.get("route")
-        # The route's template (/api/jobs/{name}), never the raw path: bounded label values.
-        calls.labels(getattr(route, "path", "unmatched"), request.method,
-                     str(response.status_code)).inc()
-        return response
+    app.add_middleware(CountCalls, calls=calls)
 
     @app.get("/api/status", tags=["fleet"])
     def status(caller: Reader, settings: Config, client: Client) -> dict[str, Any]:

@@ -72,6 +72,8 @@ def test_failures_are_paged_after_a_stream_id_to_the_end(api, settings, redis_cl
     assert page["items"][0]["id"] < rest["items"][0]["id"]
     urls = {item["url"] for item in page["items"] + rest["items"]}
     assert site.url("/status/404") in urls and site.url("/replay-me") in urls
+    whole_ms = api.call("GET", "/api/failures", token="read", params={"after": "1"}).json()
+    assert len(whole_ms["items"]) == total  # a bare millisecond id: every entry after it
     none = api.call("GET", "/api/failures", token="read", params={"job": "shop"}).json()
     assert none == {"items": [], "next": None}  # no failure of that job
 

@@ -189,6 +189,7 @@ def test_a_user_logs_in_creates_a_job_from_the_form_watches_it_finish_and_opens_
     wait(ui, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#results details")) == 10,
          what="ten results listed")
     wait(ui, lambda d: "404" in text_of(d, "errors"), what="the 404 under errors by reason")
+    wait(ui, lambda d: site.url("/status/404") in text_of(d, "errors"), what="its example")
     wait(ui, lambda d: "/status/404" in text_of(d, "dead"), 30, "the 404 as a dead letter")
     assert ui.find_elements(By.CSS_SELECTOR, "#chart svg polyline"), "no rate chart drawn"
 
@@ -230,6 +231,13 @@ def test_a_slow_jobs_dead_letter_is_replayed_and_the_job_cancelled_from_its_page
     wait(ui, lambda d: int(text_of(d, "f-results").replace(",", "")) > 0, what="some results")
     shoot(ui, shots, "job-running")
 
+    ui.get(api.url + "/workers")  # the worker's pages in flight, live
+    wait(ui, lambda d: "/slow/2." in d.find_element(By.CSS_SELECTOR, "[data-worker]").text,
+         what="a slow page among the worker's current URLs")
+    shoot(ui, shots, "workers-busy")
+    ui.get(api.url + "/jobs/slow")
+    wait(ui, lambda d: text_of(d, "job-state") == "running", what="the job's page again")
+
     ui.find_element(By.ID, "cancel").click()
     wait(ui, lambda d: text_of(d, "job-state") == "cancelled", 20, "cancelled")
     assert registry.state("slow").state == "cancelled"
@@ -256,3 +264,24 @@ def test_a_wrong_password_is_refused_and_a_read_only_user_gets_no_new_job_link(u
     wait(ui, lambda d: "/login" in d.current_url, what="logged out")
     ui.get(api.url + "/")
     wait(ui, lambda d: "/login" in d.current_url, what="the cookie is gone")
+
+
+def test_a_mistake_in_the_rules_or_the_depth_is_shown_next_to_that_field(ui, api, shots):
+    log_in_with_the_keyboard(ui, api.url + "/jobs/new")
+    fill(ui, "name", "typo")
+    fill(ui, "seeds", "http://127.0.0.1:9/")
+    fill(ui, "rules", "- name: a\n  fields: {title: h1\n")
+    ui.find_element(By.CSS_SELECTOR, "#job-form button[type=submit]").click()
+    wait(ui, lambda d: d.find_element(By.ID, "rules-error").is_displayed(), what="rules error")
+    assert "line 3" in text_of(ui, "rules-error")
+    assert ui.switch_to.active_element.get_attribute("id") == "rules"
+    assert not ui.find_element(By.ID, "name-error").is_displayed()
+
+    fill(ui, "rules", "")
+    fill(ui, "depth", "-1")
+    ui.find_element(By.CSS_SELECTOR, "#job-form button[type=submit]").click()
+    wait(ui, lambda d: d.find_element(By.ID, "depth-error").is_displayed(), what="depth error")
+    assert "crawl.max_depth" in text_of(ui, "depth-error")
+    assert not ui.find_element(By.ID, "rules-error").is_displayed()
+    assert ui.current_url == api.url + "/jobs/new"  # nothing submitted
+    assert api.call("GET", "/api/jobs").json() == []

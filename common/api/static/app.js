@@ -306,6 +306,8 @@ function showTry(answer) {
   const links = answer.links || answer.kept_links || answer.rule_follow || answer.follow || [];
   $("try-links").replaceChildren(...links.map((link) =>
     el("li", { text: typeof link === "string" ? link : link.url || JSON.stringify(link) })));
+  $("try-links-title").firstChild.textContent = answer.links_from === "page"
+    ? "Links on the page (the rule follows none) " : "Kept links ";
   $("try-links-count").textContent = `(${links.length})`;
   $("try-result").hidden = false;
 }
@@ -318,6 +320,7 @@ function jobPage() {
   const points = [];
   let lastResults = -1;
   poll(async () => {
+    await showDeadLetters(name);  // first: the errors table takes its examples
     const job = await api("GET", base);
     const p = progressOf(job);
     showProgress(p, job);
@@ -329,15 +332,14 @@ function jobPage() {
       await showResults(base, p.run);
     }
     showDomains(job.domains || []);
-    await showDeadLetters(name);
   });
   window.addEventListener("resize", () => drawChart($("chart"), points));
   document.querySelectorAll("[data-action]").forEach((button) => {
     button.addEventListener("click", async () => {
       button.disabled = true;
       try {
-        await api("POST", `${base}/${button.dataset.action}`);
-        notice(`${button.textContent}: done.`);
+        const answer = await api("POST", `${base}/${button.dataset.action}`);
+        notice(`Job ${name} is now ${(answer && answer.state) || button.dataset.action}.`);
       } catch (e) {
         notice(e.message, true);
       } finally {
@@ -386,7 +388,8 @@ function showProgress(p, job) {
   $("errors-none").hidden = reasons.length > 0;
   $("errors").hidden = reasons.length === 0;
   $("errors").tBodies[0].replaceChildren(...reasons.map(([reason, n]) =>
-    el("tr", {}, el("td", { text: reason }), el("td", { class: "num", text: number(n) }))));
+    el("tr", {}, el("td", { text: reason }), el("td", { class: "num", text: number(n) }),
+      el("td", { class: "example", text: examples.get(reason) || "–" }))));
 }
 
 /** A line chart of `values` as inline SVG (no library). */
@@ -462,9 +465,13 @@ function showDomains(domains) {
     el("td", { class: "num", text: number(d.deferred || 0) }))));
 }
 
+/** A URL for each failure reason, from the job's dead letters (the errors table's examples). */
+const examples = new Map();
+
 async function showDeadLetters(name) {
   const letters = listOf(await api("GET", "/api/dead-letters?job=" + encodeURIComponent(name)),
     "dead_letters", "items", "letters", "messages");
+  for (const letter of letters) if (letter.reason && letter.url) examples.set(letter.reason, letter.url);
   $("dead-none").hidden = letters.length > 0;
   const replay = $("replay");
   if (replay) replay.hidden = letters.length === 0;
@@ -498,7 +505,7 @@ function workerCard(w) {
     paused ? el("p", { class: "error", text: String(w.state || "").startsWith("paused") ? "Why: " + w.state
       : "Paused: " + (pressure.reasons || [pressure.reason || w.reason]).join(", ") }) : null,
     w.host ? el("p", { class: "meta", text: `host ${w.host}` + (w.pid ? `, pid ${w.pid}` : "") }) : null,
-    el("p", { class: "meta", text: `in flight ${number(w.in_flight || 0)} of ${number(w.concurrency)} · processed ${number(w.processed || 0)}`
+    el("p", { class: "meta", text: `fetching ${current.length} of ${number(w.concurrency)} · ${number(w.in_flight || 0)} deliveries held · processed ${number(w.processed || 0)}`
       + (w.beat_age_s !== undefined ? ` · beat ${rate(w.beat_age_s)}s ago` : "") + (w.stale ? " (stale)" : "") }),
     jobs ? el("p", { class: "meta", text: "job runs: " + jobs }) : null,
     el("h3", { text: `Current URLs (${current.length})` }),

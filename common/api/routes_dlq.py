@@ -20,7 +20,7 @@ import redis
 from fastapi import Depends, FastAPI, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.api.deps import Admin, Reader, redis_of, settings_of
+from common.api.deps import Admin, Reader, redis_of, settings_of, unprocessable
 from common.api.routes_fleet import broker
 from common.core.config import Settings
 from common.ops import dlq
@@ -36,17 +36,12 @@ MAX_BROWSE = 10_000
 MAX_SCAN = 10_000
 
 
-def unprocessable(where: str, field: str, message: str) -> HTTPException:
-    """422 naming ``field`` of the ``where`` (query, body), in FastAPI's own shape."""
-    return HTTPException(422, [{"loc": [where, field], "msg": message, "type": "value_error"}])
-
-
 def _job(name: str | None, where: str) -> str | None:
     if name is not None:
         try:
             job_dir(Path("."), name)  # what no job can be named (export's check)
         except ValueError as exc:
-            raise unprocessable(where, "job", str(exc)) from None
+            raise unprocessable(where, "job", message=str(exc)) from None
     return name
 
 
@@ -93,7 +88,7 @@ def include(app: FastAPI) -> None:
         looked at (every one of ``job`` and ``run`` when ``reason`` filters)."""
         _job(job, "query")
         if run is not None and job is None:
-            raise unprocessable("query", "run", "run goes with job")
+            raise unprocessable("query", "run", message="run goes with job")
         with broker(settings) as connection:
             letters = dlq.browse(connection, MAX_BROWSE if reason else limit, job=job, run=run)
         by_reason = dlq.count_by_reason(letters)
@@ -124,7 +119,7 @@ def include(app: FastAPI) -> None:
         try:
             start = parse_stream_id(after)
         except ValueError as exc:
-            raise unprocessable("query", "after", str(exc)) from None
+            raise unprocessable("query", "after", message=str(exc)) from None
         try:
             return failures(client, job, start, limit)
         except redis.RedisError as exc:

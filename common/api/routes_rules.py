@@ -19,7 +19,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from common.api.deps import Reader, settings_of
+from common.api.deps import Admin, settings_of, unprocessable
 from common.core.config import Settings
 from common.core.errors import ConfigError, FetchError, FleetError
 from common.core.redact import scrub
@@ -46,14 +46,9 @@ class RulesCheck(BaseModel):
                               description="the handler a follow request named (HANDLERS)")
 
 
-def unprocessable(field: str, message: str) -> HTTPException:
-    """422 naming the body ``field``, in FastAPI's own shape."""
-    return HTTPException(422, [{"loc": ["body", field], "msg": message, "type": "value_error"}])
-
-
 def _http_url(value: str, field: str) -> str:
     if not value.startswith(("http://", "https://")):
-        raise unprocessable(field, "expected an http(s) URL")
+        raise unprocessable("body", field, message="expected an http(s) URL")
     return value
 
 
@@ -79,9 +74,9 @@ async def _body(request: Request, cap: int) -> RulesCheck:
 def check(settings: Settings, asked: RulesCheck) -> dict[str, Any]:
     """What the rules give on the page (blocking: fetches, parses, runs user code)."""
     if (asked.url is None) == (asked.html is None):
-        raise unprocessable("url", "give exactly one of url and html")
+        raise unprocessable("body", "url", message="give exactly one of url and html")
     if asked.base_url is not None and asked.html is None:
-        raise unprocessable("base_url", "base_url goes with html only")
+        raise unprocessable("body", "base_url", message="base_url goes with html only")
     if asked.html is not None and len(asked.html.encode("utf-8")) > settings.max_body_bytes:
         raise HTTPException(413, [{"loc": ["body", "html"], "type": "value_error",
                                    "msg": f"over MAX_BODY_BYTES={settings.max_body_bytes:,}"}])
@@ -90,7 +85,7 @@ def check(settings: Settings, asked: RulesCheck) -> dict[str, Any]:
         extractor = extractor_of(json.dumps(asked.rules, ensure_ascii=False), settings,
                                  warn=warnings.append)
     except ConfigError as exc:
-        raise unprocessable("rules", str(exc)) from None
+        raise unprocessable("body", "rules", message=str(exc)) from None
     router = None
     if settings.handlers.strip():
         try:
@@ -102,7 +97,7 @@ def check(settings: Settings, asked: RulesCheck) -> dict[str, Any]:
             body, url, content_type = fetch_page(_http_url(asked.url, "url"), settings)
         except FetchError as exc:
             if exc.kind in ("blocked", "invalid"):
-                raise unprocessable("url", str(exc)) from None
+                raise unprocessable("body", "url", message=str(exc)) from None
             raise HTTPException(502, f"fetching {asked.url}: {exc}") from None
         except FleetError as exc:
             raise HTTPException(502, str(exc)) from None
@@ -112,7 +107,7 @@ def check(settings: Settings, asked: RulesCheck) -> dict[str, Any]:
     try:
         reading = read_page(body, url, content_type, settings, extractor, router, asked.label)
     except NoRule as exc:
-        raise unprocessable("rules", str(exc)) from None
+        raise unprocessable("body", "rules", message=str(exc)) from None
     out = reading.out
     return {**{k: v for k, v in out.items() if k != "rule_follow"},
             "data": out.get("data"),
@@ -127,7 +122,7 @@ def include(app: FastAPI) -> None:
         "application/json": {"schema": RulesCheck.model_json_schema()}}}
 
     @app.post("/api/rules/check", tags=["rules"], openapi_extra={"requestBody": body_schema})
-    async def rules_check(caller: Reader, request: Request) -> dict[str, Any]:
+    async def rules_check(caller: Admin, request: Request) -> dict[str, Any]:
         """Try rules on a URL (fetched through the address guard) or on pasted HTML: the
         extracted data, the links kept, the record. Nothing is queued or stored."""
         settings = settings_of(request)

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -45,9 +46,9 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture
-def api(settings: Settings, redis_client: redis.Redis) -> Iterator[Api]:
-    """The API on the (flushed) test services, served until the test ends."""
+@contextmanager
+def served(settings: Settings) -> Iterator[str]:
+    """The API for ``settings`` on a free loopback port: its base URL."""
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="off"))
@@ -58,10 +59,17 @@ def api(settings: Settings, redis_client: redis.Redis) -> Iterator[Api]:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the API server did not start")
         time.sleep(0.02)
-    tokens = Tokens(redis_client)
     try:
-        yield Api(f"http://127.0.0.1:{port}", tokens.create("test-admin", "admin"),
-                  tokens.create("test-read", "read"), settings, redis_client)
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.fixture
+def api(settings: Settings, redis_client: redis.Redis) -> Iterator[Api]:
+    """The API on the (flushed) test services, served until the test ends."""
+    tokens = Tokens(redis_client)
+    with served(settings) as url:
+        yield Api(url, tokens.create("test-admin", "admin"), tokens.create("test-read", "read"),
+                  settings, redis_client)

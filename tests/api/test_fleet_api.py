@@ -4,44 +4,19 @@ redacted, a broker that does not answer as a 503 naming it, and the API's own me
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pika
 import requests
-import uvicorn
 
-from common.api.app import create_app
 from common.api.auth import Tokens
 from common.broker import topology
 from common.core.config import load_settings
 from common.work.heartbeat import Heartbeat
 from common.work.pressure import MEMORY
-from tests.api.conftest import _free_port
+from tests.api.conftest import served
 
 PASSWORD = "s3cret-amqp-pw"
 REDIS_SENTINEL_PW = "s3cret-sentinel-pw"
-
-
-@contextmanager
-def served(settings) -> Iterator[str]:
-    """The API for ``settings`` on a free loopback port: its base URL."""
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the API did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def test_every_fleet_route_needs_a_token(api):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import requests
 
 from common.api.auth import Tokens
-from tests.api.test_fleet_api import served
+from tests.api.conftest import served
 
 RULES = {"rules": [{"name": "page", "path": "^/page/",
                     "fields": {"title": "h1", "sentence": "p"},
@@ -18,7 +18,7 @@ PASTED = ('<html><head><title>Kettle</title></head><body><h1>Kettle</h1>'
 
 
 def test_rules_on_a_url_give_the_data_and_the_links_the_rule_keeps(api, site):
-    answer = api.call("POST", "/api/rules/check", token="read",
+    answer = api.call("POST", "/api/rules/check",
                       json={"rules": RULES, "url": site.page_url(3)})
     assert answer.status_code == 200, answer.text
     out = answer.json()
@@ -32,7 +32,7 @@ def test_rules_on_a_url_give_the_data_and_the_links_the_rule_keeps(api, site):
 
 def test_rules_on_pasted_html_match_the_base_url_and_keep_every_link_without_follow(api):
     rules = [{"name": "product", "path": "^/p/", "fields": {"title": "h1", "price": ".price"}}]
-    answer = api.call("POST", "/api/rules/check", token="read",
+    answer = api.call("POST", "/api/rules/check",
                       json={"rules": rules, "html": PASTED,
                             "base_url": "https://shop.test/p/1"})
     assert answer.status_code == 200, answer.text
@@ -40,7 +40,7 @@ def test_rules_on_pasted_html_match_the_base_url_and_keep_every_link_without_fol
     assert out["data"] == {"title": "Kettle", "price": "12.50"}
     assert out["links_from"] == "page"
     assert out["links"] == ["https://shop.test/p/2", "https://shop.test/about"]
-    elsewhere = api.call("POST", "/api/rules/check", token="read",
+    elsewhere = api.call("POST", "/api/rules/check",
                          json={"rules": rules, "html": PASTED,
                                "base_url": "https://shop.test/about"})
     assert elsewhere.status_code == 422
@@ -50,7 +50,7 @@ def test_rules_on_pasted_html_match_the_base_url_and_keep_every_link_without_fol
 
 def test_a_url_the_address_guard_refuses_is_never_fetched(settings, redis_client, site):
     guarded = settings.with_overrides(fetch_allow_networks=())
-    token = Tokens(redis_client).create("reader", "read")
+    token = Tokens(redis_client).create("checker", "admin")
     with served(guarded) as url:
         answer = requests.post(f"{url}/api/rules/check", timeout=30,
                                headers={"Authorization": f"Bearer {token}"},
@@ -78,13 +78,13 @@ def test_bad_inputs_are_refused_naming_the_field(api, site):
         ({"rules": RULES, "html": PASTED, "extra": 1}, ["body", "extra"]),
     ]
     for body, loc in cases:
-        answer = api.call("POST", "/api/rules/check", token="read", json=body)
+        answer = api.call("POST", "/api/rules/check", json=body)
         assert answer.status_code == 422, (body, answer.text)
         assert answer.json()["detail"][0]["loc"][:2] == loc, (body, answer.text)
-    matcher = api.call("POST", "/api/rules/check", token="read",
+    matcher = api.call("POST", "/api/rules/check",
                        json={"rules": [{"name": "x", "fields": {"t": "h1"}}], "html": PASTED})
     assert "needs a matcher" in matcher.json()["detail"][0]["msg"]
-    broken = api.call("POST", "/api/rules/check", token="read", data=b"{not json",
+    broken = api.call("POST", "/api/rules/check", data=b"{not json",
                       headers={"Content-Type": "application/json"})
     assert broken.status_code == 422
     assert api.call("POST", "/api/rules/check", token=None,
@@ -93,7 +93,7 @@ def test_bad_inputs_are_refused_naming_the_field(api, site):
 
 def test_html_over_max_body_bytes_is_refused_with_413(settings, redis_client):
     small = settings.with_overrides(max_body_bytes=1000)
-    token = Tokens(redis_client).create("reader", "read")
+    token = Tokens(redis_client).create("checker", "admin")
     with served(small) as url:
         over = requests.post(f"{url}/api/rules/check", timeout=30,
                              headers={"Authorization": f"Bearer {token}"},
@@ -103,3 +103,10 @@ def test_html_over_max_body_bytes_is_refused_with_413(settings, redis_client):
                              json={"rules": RULES, "html": "x" * 200_000})
     assert over.status_code == 413 and over.json()["detail"][0]["loc"] == ["body", "html"]
     assert huge.status_code == 413 and "request body is over" in huge.json()["detail"]
+
+
+def test_a_read_only_token_may_not_make_the_server_fetch(api, site):
+    answer = api.call("POST", "/api/rules/check", token="read",
+                      json={"rules": RULES, "url": site.page_url(1)})
+    assert answer.status_code == 403
+    assert site.requests_for("/page/") == []

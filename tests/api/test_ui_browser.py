@@ -54,6 +54,7 @@ def browser() -> Iterator[WebDriver]:
     driver_path = require_tool("chromedriver")
     options = webdriver.ChromeOptions()
     options.binary_location = binary
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console: JS and CSP
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                  "--no-first-run", "--disable-extensions", "--disable-background-networking",
                  f"--window-size={DESKTOP[0]},{DESKTOP[1]}"):
@@ -76,12 +77,61 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def ui(browser: WebDriver, api, settings) -> Iterator[WebDriver]:
-    """The browser, logged out, at a laptop's size; a user of scope admin made."""
+    """The browser, logged out, at a laptop's size; a user of scope admin made. After the
+    test, the console must show no script error and no refused content (the pages' policy)."""
     Tokens(api.client).add_user(USER, PASSWORD, "admin")
     browser.set_window_size(*DESKTOP)
     browser.get(api.url + "/login")
     browser.delete_all_cookies()
+    browser.get_log("browser")  # what earlier tests left
     yield browser
+    assert console_errors(browser) == []
+
+
+def console_errors(driver: WebDriver) -> list[str]:
+    """The console's errors but failed calls (a 401, 409 or 422 the page shows is expected)."""
+    return [entry["message"] for entry in driver.get_log("browser")
+            if entry["level"] == "SEVERE" and "Failed to load resource" not in entry["message"]]
+
+
+#: Every text colour against the background it is drawn on, as the browser computes them:
+#: [selector, text, ratio] for each visible element whose ratio is under WCAG AA's 4.5:1.
+CONTRAST_JS = """
+const rgb = (text) => (text.match(/[\\d.]+/g) || []).map(Number);
+const lum = ([r, g, b]) => [r, g, b].map((c) => { c /= 255;
+  return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; })
+  .reduce((sum, c, i) => sum + c * [0.2126, 0.7152, 0.0722][i], 0);
+const background = (node) => {
+  for (; node && node.nodeType === 1; node = node.parentElement) {
+    const c = rgb(getComputedStyle(node).backgroundColor);
+    if (c.length === 3 || c[3] > 0.5) return c.slice(0, 3);
+  }
+  return [255, 255, 255];
+};
+const low = [];
+for (const node of document.querySelectorAll("body *")) {
+  const own = [...node.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+  const style = getComputedStyle(node);
+  if (!own || !node.getClientRects().length || style.visibility === "hidden") continue;
+  if (node.closest("[disabled], svg")) continue;  // disabled controls are exempt (WCAG 1.4.3)
+  const [a, b] = [lum(rgb(style.color)), lum(background(node))];
+  const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+  if (ratio < 4.5) low.push([node.tagName + "." + node.className, node.textContent.trim()
+    .slice(0, 30), Math.round(ratio * 100) / 100]);
+}
+return low;
+"""
+
+
+def low_contrast(driver: WebDriver) -> list[list]:
+    """The page's text under 4.5:1, after proving that the check finds a pale grey line."""
+    driver.execute_script("const p = document.createElement('p'); p.id = 'pale';"
+                          "p.textContent = 'pale'; p.style.color = '#bbbbbb';"
+                          "document.body.append(p);")
+    found = driver.execute_script(CONTRAST_JS)
+    driver.execute_script("document.getElementById('pale').remove()")
+    assert [row[1] for row in found if row[1] == "pale"] == ["pale"], found
+    return [row for row in found if row[1] != "pale"]
 
 
 @pytest.fixture
@@ -174,6 +224,7 @@ def test_a_user_logs_in_creates_a_job_from_the_form_watches_it_finish_and_opens_
     assert ui.find_element(By.ID, "name").get_attribute("aria-invalid") == "true"
     assert ui.switch_to.active_element.get_attribute("id") == "name"  # focus on the mistake
     shoot(ui, shots, "new-job-errors")
+    assert low_contrast(ui) == []
 
     urls = [site.page_url(n) for n in range(1, 11)] + [site.url("/status/404")]
     fill(ui, "name", "shop")
@@ -200,11 +251,13 @@ def test_a_user_logs_in_creates_a_job_from_the_form_watches_it_finish_and_opens_
     wait(ui, lambda d: opened.is_displayed(), what="the result opened")
     assert '"heading": "Page 3"' in opened.text and '"number": 3' in opened.text
     shoot(ui, shots, "job-finished")
+    assert low_contrast(ui) == []
 
     ui.get(api.url + "/")
     row = wait(ui, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-job="shop"]'))[0]
     assert "finished" in row.text and "11 / 11 (100 %)" in row.text
     shoot(ui, shots, "jobs")
+    assert low_contrast(ui) == []
 
     ui.get(api.url + "/workers")
     wait(ui, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-worker]"), what="a worker")
@@ -235,10 +288,11 @@ def test_a_slow_jobs_dead_letter_is_replayed_and_the_job_cancelled_from_its_page
     wait(ui, lambda d: "/slow/2." in d.find_element(By.CSS_SELECTOR, "[data-worker]").text,
          what="a slow page among the worker's current URLs")
     shoot(ui, shots, "workers-busy")
+    assert low_contrast(ui) == []
     ui.get(api.url + "/jobs/slow")
     wait(ui, lambda d: text_of(d, "job-state") == "running", what="the job's page again")
 
-    ui.find_element(By.ID, "cancel").click()
+    ui.find_element(By.ID, "cancel").send_keys(Keys.ENTER)  # focused and pressed: the keyboard
     wait(ui, lambda d: text_of(d, "job-state") == "cancelled", 20, "cancelled")
     assert registry.state("slow").state == "cancelled"
     assert ui.find_element(By.ID, "cancel").get_attribute("disabled") is not None

@@ -433,6 +433,7 @@ function drawChart(box, values) {
 
 const RECENT = 20;
 const recent = { after: null, run: 0, records: [] };
+const opened = new Set();
 
 /** The run's newest RECENT records: pages read on from the last one seen (oldest first). */
 async function showResults(base, run) {
@@ -449,11 +450,16 @@ async function showResults(base, run) {
   $("results-none").hidden = records.length > 0;
   $("results").replaceChildren(...records.map((record) => {
     const data = record.data !== undefined ? record.data : record;
-    return el("li", {}, el("details", {},
+    const details = el("details", { open: opened.has(record.id) },
       el("summary", { text: record.url || "(no URL)" }),
       el("p", { class: "meta", text: [record.status && `HTTP ${record.status}`, record.run && `run ${record.run}`,
         when(record.fetched_at || record.at)].filter(Boolean).join(" · ") }),
-      el("pre", { class: "code", tabindex: 0, text: JSON.stringify(data, null, 2) })));
+      el("pre", { class: "code", tabindex: 0, text: JSON.stringify(data, null, 2) }));
+    // A refresh redraws the list: what the user opened stays open.
+    details.addEventListener("toggle", () => {
+      if (details.open) opened.add(record.id); else opened.delete(record.id);
+    });
+    return el("li", {}, details);
   }));
 }
 

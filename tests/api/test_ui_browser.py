@@ -284,6 +284,13 @@ def test_a_slow_jobs_dead_letter_is_replayed_and_the_job_cancelled_from_its_page
     wait(ui, lambda d: int(text_of(d, "f-results").replace(",", "")) > 0, what="some results")
     shoot(ui, shots, "job-running")
 
+    ui.get(api.url + "/")  # the list's bar and pages/s, live
+    row = 'tr[data-job="slow"]'
+    wait(ui, lambda d: d.find_element(By.CSS_SELECTOR, f"{row} .rate").text not in ("", "–"),
+         what="a pages/s figure in the list")
+    assert "running" in ui.find_element(By.CSS_SELECTOR, row).text
+    shoot(ui, shots, "jobs-running")
+
     ui.get(api.url + "/workers")  # the worker's pages in flight, live
     wait(ui, lambda d: "/slow/2." in d.find_element(By.CSS_SELECTOR, "[data-worker]").text,
          what="a slow page among the worker's current URLs")

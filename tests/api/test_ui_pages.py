@@ -70,6 +70,12 @@ def test_every_page_labels_each_input_uses_typed_buttons_and_sets_a_strict_polic
     assert "<script>" not in answer.text  # no inline script: the policy would refuse it
 
 
+def test_every_page_links_to_the_rabbitmq_ui_grafana_and_the_api_docs(api):
+    page = Labels()
+    page.feed(get(api, "/workers").text)
+    assert {rabbitmq_ui(api.settings), "http://127.0.0.1:3000", "/api/docs"} <= set(page.links)
+
+
 def test_a_read_only_caller_sees_no_button_that_changes_anything(api):
     page = get(api, "/jobs/shop", token="read").text
     assert 'data-scope="read"' in page

@@ -242,7 +242,7 @@ def test_a_user_logs_in_creates_a_job_from_the_form_watches_it_finish_and_opens_
     wait(ui, lambda d: "404" in text_of(d, "errors"), what="the 404 under errors by reason")
     wait(ui, lambda d: site.url("/status/404") in text_of(d, "errors"), what="its example")
     wait(ui, lambda d: "/status/404" in text_of(d, "dead"), 30, "the 404 as a dead letter")
-    assert ui.find_elements(By.CSS_SELECTOR, "#chart svg polyline"), "no rate chart drawn"
+    wait(ui, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart svg polyline"), what="a chart")
 
     result = next(d for d in ui.find_elements(By.CSS_SELECTOR, "#results details")
                   if d.find_element(By.TAG_NAME, "summary").text == site.page_url(3))
@@ -280,6 +280,7 @@ def test_a_slow_jobs_dead_letter_is_replayed_and_the_job_cancelled_from_its_page
     wait(ui, lambda d: "Replayed 1 dead letters." in text_of(d, "notice"), what="replayed")
     # Out of the dead-letter queue, back in the run's queue (behind its slow pages).
     wait(ui, lambda d: d.find_element(By.ID, "dead-none").is_displayed(), 10, "none left")
+    assert not ui.find_element(By.ID, "replay").is_displayed()  # nothing to replay
     assert api.call("GET", "/api/dead-letters", params={"job": "slow"}).json()["letters"] == []
     wait(ui, lambda d: int(text_of(d, "f-results").replace(",", "")) > 0, what="some results")
     shoot(ui, shots, "job-running")

@@ -32,6 +32,8 @@ from common.store.keys import API_TOKENS, API_USERS, api_fails_key
 
 SCOPES = ("read", "admin")
 TOKEN_PREFIX = "sf_"
+#: The name of a token a user's login made (a logout revokes those only).
+LOGIN_PREFIX = "login:"
 _SCRYPT = {"n": 2 ** 14, "r": 8, "p": 1, "dklen": 32}
 #: What an unknown user name is checked against, so it takes a known one's time.
 _NOBODY = {"scope": "read", "salt": base64.b64encode(b"\0" * 16).decode(),
@@ -145,4 +147,21 @@ class Tokens:
                 pipe.execute()
             raise AuthError(401, "wrong user name or password")
         self.client.delete(keys[0])
-        return self.create(f"login:{user}", entry["scope"], ttl_s, user=user)
+        return self.create(f"{LOGIN_PREFIX}{user}", entry["scope"], ttl_s, user=user)
+
+    def login_with_token(self, token: str, address: str, attempts: int, block_s: int
+                         ) -> Caller:
+        """The caller of a token given at the UI's login (a program's token, for a person who
+        holds one). Wrong tokens count against the address like wrong passwords: 401, then
+        429 while blocked."""
+        key = api_fails_key(f"addr:{address}")
+        if int(self.client.get(key) or 0) >= attempts:
+            raise AuthError(429, "too many failed logins: try again later")
+        try:
+            return self.check(token)
+        except AuthError:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.incr(key)
+                pipe.expire(key, block_s, nx=True)
+                pipe.execute()
+            raise

@@ -80,3 +80,26 @@ def test_whoami_names_a_bearer_token_and_bad_logins_name_the_field(api):
         answer = requests.post(f"{api.url}/api/login", json=body, timeout=30)
         assert answer.status_code == 422, answer.text
         assert answer.json()["detail"][0]["loc"] == ["body", field]
+
+
+def test_a_token_logs_in_too_and_logout_leaves_that_token_valid(api):
+    answer = requests.post(f"{api.url}/api/login", json={"token": api.read}, timeout=30)
+    assert answer.status_code == 200 and answer.json()["scope"] == "read"
+    cookie = {COOKIE: answer.cookies[COOKIE]}
+    assert cookie[COOKIE] == api.read
+    assert requests.get(f"{api.url}/api/whoami", cookies=cookie, timeout=30).json()[
+        "name"] == "test-read"
+    out = requests.post(f"{api.url}/api/logout", cookies=cookie, timeout=30)
+    assert out.status_code == 200 and out.json()["revoked"] == 0
+    assert api.call("GET", "/api/whoami", token="read").status_code == 200  # still valid
+    both = requests.post(f"{api.url}/api/login", timeout=30,
+                         json={"token": api.read, "user": "ana", "password": PASSWORD})
+    assert both.status_code == 422 and both.json()["detail"][0]["loc"] == ["body", "token"]
+
+
+def test_wrong_tokens_at_the_login_are_401_then_the_address_is_blocked(api):
+    for _ in range(api.settings.api_login_attempts):
+        wrong = requests.post(f"{api.url}/api/login", json={"token": "sf_wrong"}, timeout=30)
+        assert wrong.status_code == 401
+    blocked = requests.post(f"{api.url}/api/login", json={"token": api.read}, timeout=30)
+    assert blocked.status_code == 429

@@ -326,6 +326,11 @@ def test_a_wrong_password_is_refused_and_a_read_only_user_gets_no_new_job_link(u
     wait(ui, lambda d: "/login" in d.current_url, what="logged out")
     ui.get(api.url + "/")
     wait(ui, lambda d: "/login" in d.current_url, what="the cookie is gone")
+    ui.find_element(By.CSS_SELECTOR, "#token-login summary").click()  # a token instead
+    fill(ui, "token", api.read)
+    ui.find_element(By.CSS_SELECTOR, "#login-form button[type=submit]").click()
+    wait(ui, lambda d: d.current_url == api.url + "/", what="logged in with a token")
+    assert not ui.find_elements(By.LINK_TEXT, "New job")
 
 
 def test_a_mistake_in_the_rules_or_the_depth_is_shown_next_to_that_field(ui, api, shots):

@@ -156,11 +156,14 @@ function loginPage() {
     const error = $("login-error");
     error.hidden = true;
     try {
-      await api("POST", "/api/login", { user: $("user").value, password: $("password").value });
+      const token = $("token").value.trim();
+      await api("POST", "/api/login", token ? { token }
+        : { user: $("user").value, password: $("password").value });
       location.assign(form.dataset.next || "/");
     } catch (e) {
       error.textContent = e.status === 429 ? "Too many failed logins: try again later."
-        : e.status === 401 ? "Wrong user name or password." : e.message;
+        : e.status === 401 ? ($("token").value.trim() ? "Unknown, revoked or expired token."
+          : "Wrong user name or password.") : e.message;
       error.hidden = false;
       $("password").select();
     }

@@ -3,6 +3,7 @@ services (fixtures ``api``: its base URL and tokens of each scope)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -73,3 +74,14 @@ def api(settings: Settings, redis_client: redis.Redis) -> Iterator[Api]:
     with served(settings) as url:
         yield Api(url, tokens.create("test-admin", "admin"), tokens.create("test-read", "read"),
                   settings, redis_client)
+
+
+def events_of(answer: requests.Response) -> Iterator[tuple[str, dict]]:
+    """The (event name, JSON data) of each server-sent event of a streamed answer."""
+    event = "message"
+    for line in answer.iter_lines(decode_unicode=True):
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            yield event, json.loads(line[6:])
+            event = "message"

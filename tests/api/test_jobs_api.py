@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
+from tests.api.conftest import events_of
 from tests.helpers import output_of, results, start_worker_process, wait_for
 from tests.jobs.test_runner import FAST_ENV, runner_thread
 
@@ -46,13 +47,7 @@ def sse(api, path: str, token: str = "read") -> Iterator[tuple[str, dict]]:
     with requests.get(api.url + path, headers=headers, stream=True, timeout=(5, 30)) as answer:
         assert answer.status_code == 200, answer.text
         assert answer.headers["content-type"].startswith("text/event-stream")
-        event = "message"
-        for line in answer.iter_lines(decode_unicode=True):
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                yield event, json.loads(line[6:])
-                event = "message"
+        yield from events_of(answer)
 
 
 def test_a_job_submitted_over_http_runs_to_done_equals_known_and_its_results_page_once_each(

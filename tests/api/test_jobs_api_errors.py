@@ -6,7 +6,6 @@ measuring once the client has gone."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from common.jobs.progress import readings_key
 from common.jobs.registry import JobRegistry
 from common.jobs.spec import parse_job
 from common.store.keys import JOBS
+from tests.api.conftest import events_of
 from tests.helpers import wait_for
 
 SEEDS = {"urls": ["http://127.0.0.1:9/a"]}
@@ -164,16 +164,6 @@ def test_a_jobs_webhook_secrets_are_not_shown(api, redis_client):
     assert shown.status_code == 200 and shown.json()["definition"]["webhooks"] == [
         "https://127.0.0.1/done?run=1&token=***"]  # canonical order
     assert "s3cret-value" not in shown.text
-
-
-def events_of(answer: requests.Response):
-    event = "message"
-    for line in answer.iter_lines(decode_unicode=True):
-        if line.startswith("event: "):
-            event = line[7:]
-        elif line.startswith("data: "):
-            yield event, json.loads(line[6:])
-            event = "message"
 
 
 def test_the_progress_stream_ends_with_an_end_event_when_the_job_is_cancelled(

@@ -22,7 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_EXAMPLE = REPO_ROOT / ".env.example"
 
 APP_SERVICES = ("scraper", "sink", "producer", "sitemap_producer", "tools", "sink-postgres",
-                "scheduler")
+                "scheduler", "api")
 TOOL_SERVICES = ("producer", "sitemap_producer", "tools")
 #: What an official image's entrypoint needs to give its volume to its user and drop root.
 ENTRYPOINT_CAPS = {"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"}
@@ -70,8 +70,8 @@ def test_compose_refuses_an_empty_password_and_swarm_takes_it_empty_for_its_secr
 
 def test_compose_has_the_broker_redis_worker_and_tool_services(compose):
     assert set(compose["services"]) == {
-        "rabbitmq", "redis", "scraper", "producer", "sitemap_producer", "tools", "prometheus",
-        "grafana", "sink", "sink-postgres", "postgres", "scheduler", "image"}
+        "rabbitmq", "redis", "scraper", "api", "producer", "sitemap_producer", "tools",
+        "prometheus", "grafana", "sink", "sink-postgres", "postgres", "scheduler", "image"}
 
 
 def test_the_image_is_built_once_and_never_over_fleet_image(tmp_path):

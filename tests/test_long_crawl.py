@@ -27,7 +27,7 @@ from common.broker import topology
 from common.core.urls import canonicalize
 from common.intake.producer import Producer
 from common.store.keys import COUNTERS, FAILURES_STREAM, RESULTS_STREAM, sink_group
-from common.work.heartbeat import alive_workers
+from common.store.workers import alive_workers
 from common.work.pressure import MEMORY
 from devtools.testsite import TestSite
 from tests.helpers import (

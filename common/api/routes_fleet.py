@@ -29,7 +29,7 @@ from common.core.errors import AMQP_CONNECTION_LOST, ServiceUnavailable
 from common.core.redact import scrub
 from common.ops import stats
 from common.ops.status_view import worker_state
-from common.work.heartbeat import alive_workers
+from common.store.workers import alive_workers
 
 #: Longest wait for the broker within one call: a 503 soon beats a hung request.
 BROKER_WAIT_S = 5.0

@@ -32,7 +32,6 @@ same tick, and sent by a sender thread while this replica leads.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -55,9 +54,9 @@ from common.jobs.webhooks import Webhooks
 from common.store.keys import (
     JOBS_LEASE,
     JOBS_VERSION,
-    WORKERS_PREFIX,
     job_key,
 )
+from common.store.workers import alive_workers
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +231,7 @@ class JobRunner:
                                 "seeding stopped")
 
     def _new_producer(self) -> Producer:
-        hosts = HostCheck.for_fleet(self.settings, self._heartbeats())
+        hosts = HostCheck.for_fleet(self.settings, alive_workers(self.client))
         return Producer(self.settings, self.client, hosts=hosts)
 
     # -- the end of a run --------------------------------------------------------------------
@@ -260,26 +259,12 @@ class JobRunner:
     def _inflight(self) -> dict[str, int]:
         """Pages in flight per run (``name/run``), from the workers' heartbeats."""
         pages: dict[str, int] = {}
-        for beat in self._heartbeats():
+        for beat in alive_workers(self.client):
             jobs = beat.get("jobs")
             if isinstance(jobs, dict):
                 for scope, count in jobs.items():
                     pages[scope] = pages.get(scope, 0) + int(count)
         return pages
-
-    def _heartbeats(self) -> list[dict[str, Any]]:
-        """The live workers' heartbeats (``workers:{id}``, common/work/heartbeat.py)."""
-        keys = list(self.client.scan_iter(match=f"{WORKERS_PREFIX}*", count=1000))
-        beats = []
-        for raw in self.client.mget(keys) if keys else []:
-            try:
-                beat = json.loads(raw) if raw else None
-            except ValueError:
-                logger.warning("job runner: a worker heartbeat that is not JSON: %.200r", raw)
-                continue
-            if isinstance(beat, dict):
-                beats.append(beat)
-        return beats
 
     # -- leadership and webhooks -------------------------------------------------------------
     def _lead(self, token: int) -> None:

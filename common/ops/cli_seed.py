@@ -23,7 +23,7 @@ from common.jobs.registry import JobRegistry, JobStateError
 from common.ops import cli
 from common.ops.progress import Progress
 from common.store.connection import connect_redis
-from common.work.heartbeat import alive_workers
+from common.store.workers import alive_workers
 
 
 def produce_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:

@@ -31,8 +31,8 @@ from common.ops.status_view import fitted_size, render, render_rich, worker_stat
 from common.store.backlog import read_fill
 from common.store.dedupe import SeenSet
 from common.store.keys import COUNTERS, RESULTS_STREAM
+from common.store.workers import alive_workers
 from common.web.ratelimit import RateLimiter
-from common.work.heartbeat import alive_workers
 from common.work.pressure import BACKLOG, MEMORY
 
 __all__ = ["collect", "render", "render_rich", "watch", "worker_state"]

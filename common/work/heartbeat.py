@@ -29,7 +29,7 @@ from typing import Any
 import redis
 
 from common.jobs.registry import JobRef
-from common.store.keys import WORKERS_PREFIX, worker_key
+from common.store.keys import worker_key
 from common.work.user_extractor import handler_refs
 
 logger = logging.getLogger(__name__)
@@ -75,15 +75,6 @@ class Heartbeat:
             except redis.RedisError as exc:
                 logger.warning("heartbeat failed (Redis: %s)", exc)
             self._stop.wait(self.interval_s)
-
-
-def alive_workers(client: redis.Redis) -> list[dict[str, Any]]:
-    """Heartbeats of the workers alive now, sorted by id."""
-    keys = list(client.scan_iter(match=f"{WORKERS_PREFIX}*", count=1000))
-    if not keys:
-        return []
-    values = client.mget(keys)
-    return sorted((json.loads(v) for v in values if v), key=lambda w: w["id"])
 
 
 def jobs_in_flight(bodies: Iterable[bytes]) -> dict[str, int]:

@@ -21,7 +21,7 @@ from common.core.config import Settings
 from common.core.errors import ConfigError
 from common.core.urls import canonical_host, setting_host
 from common.jobs.spec import JobSpec
-from common.work.heartbeat import alive_workers
+from common.store.workers import alive_workers
 from common.work.rules_file import load_rules
 from common.work.user_code import load_router
 from common.work.user_extractor import handler_refs

@@ -4,7 +4,8 @@
 #   1. apt packages: rabbitmq-server, redis-server, postgresql (the result sink's tests start
 #      their own server from /usr/lib/postgresql/<version>/bin), docker-compose (the v1 client, used
 #      only to validate docker-compose.yml), kubectl (Debian's kubernetes-client: `kubectl
-#      kustomize` renders deploy/k8s in tests/test_deploy.py), nginx, strace (the local-mode
+#      kustomize` renders deploy/k8s in tests/test_deploy.py), nginx (with its brotli filter),
+#      tinyproxy and dante-server (the real web's proxy tests), strace (the local-mode
 #      secrets test), chromium and chromium-driver (the web UI's browser tests), python3-venv
 #      when venv is unavailable, and python3 itself when .venv is to be made and
 #      /usr/bin/python3 is missing.
@@ -31,6 +32,10 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql
 have docker-compose || missing+=(docker-compose)
 have kubectl || missing+=(kubernetes-client)
 have nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+# The real web's tests (docs/real-web.md): nginx's brotli filter, an HTTP proxy and a SOCKS one.
+[ -e /usr/lib/nginx/modules/ngx_http_brotli_filter_module.so ] || missing+=(libnginx-mod-http-brotli-filter)
+have tinyproxy || [ -x /usr/bin/tinyproxy ] || missing+=(tinyproxy)
+[ -x /usr/sbin/danted ] || missing+=(dante-server)
 have strace || missing+=(strace)  # tests/ops/test_local_secrets.py traces every execve
 # The web UI's browser tests (tests/api/test_ui_browser.py) drive Debian's Chromium through
 # Selenium with this chromedriver: no browser is ever downloaded.

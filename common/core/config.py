@@ -43,11 +43,14 @@ from common.core.settings import (
     PageLimitSettings,
     PolitenessSettings,
     PressureSettings,
+    ProxySettings,
     ReconnectSettings,
     RecrawlSettings,
     RedisSettings,
+    SessionSettings,
     SinkSettings,
     StateSettings,
+    TrustSettings,
     WorkerSettings,
 )
 from common.core.settings.declare import Knob, SettingsGroup, groups_of, url_list_secrets
@@ -63,7 +66,8 @@ G = TypeVar("G", bound=SettingsGroup)
 @dataclass(frozen=True, repr=False)
 class Settings(OpsSettings, ApiSettings, JobSettings, RecrawlSettings, SinkSettings, PressureSettings, PageLimitSettings,
                ArchiveSettings, ExtractSettings, CrawlSettings, BackoffSettings, CacheSettings,
-               PolitenessSettings, IntakeSettings, StateSettings, FetchSettings,
+               PolitenessSettings, IntakeSettings, StateSettings, ProxySettings,
+               SessionSettings, TrustSettings, FetchSettings,
                WorkerSettings, ReconnectSettings, RedisSettings, BrokerSettings):
     """Typed, immutable settings: every group's fields in one object. Build with
     :func:`load_settings`."""

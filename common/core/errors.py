@@ -85,7 +85,8 @@ REDIS_UNAVAILABLE: tuple[type[BaseException], ...] = (
 # -- classification: what happens to a URL after each kind of failure -------------------------
 
 #: FetchError kinds that are retried with backoff; every other kind dead-letters at once.
-TRANSIENT_FETCH_KINDS = frozenset({"timeout", "connection"})
+#: ``proxy``: the proxy failed, not the site; the URL goes through another one.
+TRANSIENT_FETCH_KINDS = frozenset({"timeout", "connection", "proxy"})
 
 OK = "ok"
 PERMANENT = "permanent"

@@ -39,7 +39,8 @@ from common.core import values
 from common.core.config import Settings
 from common.ops import cli
 from common.store.results import encode
-from common.web.curl import decode_body, first_header, header_dict, parse_head
+from common.web.curl import first_header, header_dict, parse_head
+from common.web.decoding import decode_body
 from common.web.fetch import Fetcher, FetchResult
 from common.work.archive_files import OPEN_SUFFIX
 from common.work.page_record import PageReader

@@ -123,8 +123,24 @@
     api:fails:{who}          STRING counter of failed logins for a user name or a client
                              address, PX API_LOGIN_BLOCK_S: at API_LOGIN_ATTEMPTS the login is
                              refused (429) until it expires.
+    sessions:{job}|{site}    HASH, the session pool of a job on a site (SESSION_POOL_SIZE,
+                             common/web/sessions.py): slot -> its generation (a retired
+                             session's slot gets the next one, with an empty jar), and
+                             ``{slot}:uses`` -> requests served; EX a day after the last use.
+    cookies:{job}|{site}|{session}  HASH, one session's cookie jar (common/web/cookies.py):
+                             "domain;path;name" -> JSON of the cookie (value, expiry, flags);
+                             at most COOKIE_JAR_MAX_COOKIES / _BYTES; PX the latest expiry
+                             (a day for session cookies). ``{session}`` is "slot.generation"
+                             ("0.0" without a pool). Never logged.
+    session:login:{job}|{site}|{session}  STRING, held (NX PX) by the one worker logging the
+                             session in; the others park their URL meanwhile.
+    proxy:rest:{id}          STRING, set PX PROXY_REST_S when the proxy failed: resting
+                             fleet-wide (``{id}``: a digest of its URL, never the URL).
+    proxy:stats              HASH "{id}:served" / "{id}:failed" counters, and "{id}:name" -> the
+                             proxy's redacted URL, for the status view.
 
-``{url}`` is the canonical URL; ``{origin}`` is scheme://host[:port]; ``{domain}`` the host.
+``{url}`` is the canonical URL; ``{origin}`` is scheme://host[:port]; ``{domain}`` the host;
+``{site}`` a URL's rate-limit domain; ``{job}`` a job's name ("default" outside jobs).
 """
 
 from __future__ import annotations
@@ -246,3 +262,22 @@ API_USERS = "api:users"
 def api_fails_key(who: str) -> str:
     """Failed logins of a user name or a client address (``user:NAME``, ``addr:IP``)."""
     return f"api:fails:{who}"
+
+
+def session_pool_key(job: str, site: str) -> str:
+    return f"sessions:{job}|{site}"
+
+
+def cookie_jar_key(job: str, site: str, session: str) -> str:
+    return f"cookies:{job}|{site}|{session}"
+
+
+def session_login_key(job: str, site: str, session: str) -> str:
+    return f"session:login:{job}|{site}|{session}"
+
+
+def proxy_rest_key(proxy_id: str) -> str:
+    return f"proxy:rest:{proxy_id}"
+
+
+PROXY_STATS = "proxy:stats"

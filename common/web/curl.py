@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import math
 import socket
-import zlib
 from typing import Protocol
 
-import certifi
 import pycurl
 
 from common.core.config import Settings
+from common.web import trust
+from common.web.decoding import DECODED_ENCODINGS, OFFERED_ENCODINGS, DecodeError, Decoder
 from common.web.netguard import AddressGuard
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -43,10 +43,9 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 MAX_HEADER_LINES = 100
 _ABORT = 0  # a callback returning fewer bytes than it was given stops the transfer
 _BLANK = (b"\r\n", b"\n")
-DECODED_ENCODINGS = ("gzip", "x-gzip", "deflate")  # the Content-Encodings we offer and decode
 #: The request headers of every fetch (a fetch may add more for itself: Fetcher.fetch).
 BASE_HEADERS = ("Accept: text/html,application/xhtml+xml;q=0.9,*/*;q=0.5",
-                "Accept-Encoding: gzip, deflate")
+                f"Accept-Encoding: {', '.join(OFFERED_ENCODINGS)}")
 #: The longest header value a site gave that the fleet sends back (a revisit's validators).
 MAX_VALIDATOR_CHARS = 256
 
@@ -66,45 +65,6 @@ class Owner(Protocol):
     guard: AddressGuard
 
     def wanted(self, content_type: str | None) -> bool: ...
-
-
-class _Decoder:
-    """Content-Encoding gzip (members in a row are one stream, as RFC 1952 says) or deflate
-    (zlib-wrapped or raw, as servers send both), producing at most ``limit`` bytes a call so a
-    bomb never inflates past the body cap. libcurl's own decoding refuses multi-member gzip."""
-
-    def __init__(self, encoding: str) -> None:
-        self.gzip = encoding in ("gzip", "x-gzip")
-        self._wbits = zlib.MAX_WBITS | 16 if self.gzip else zlib.MAX_WBITS
-        self._obj = zlib.decompressobj(self._wbits)
-        self._started = False
-
-    def decode(self, data: bytes, limit: int) -> bytes:
-        """Decode ``data``; stops once more than ``limit`` bytes came out. Raises zlib.error."""
-        out: list[bytes] = []
-        produced = 0
-        while data and produced <= limit:
-            try:
-                piece = self._obj.decompress(data, limit - produced + 1)
-            except zlib.error:
-                if self.gzip or self._started:
-                    raise
-                # 'deflate' without the zlib wrapper: start again as a raw stream.
-                self._wbits = -zlib.MAX_WBITS
-                self._obj = zlib.decompressobj(self._wbits)
-                piece = self._obj.decompress(data, limit - produced + 1)
-            self._started = True
-            out.append(piece)
-            produced += len(piece)
-            if self._obj.unconsumed_tail:
-                data = self._obj.unconsumed_tail  # only left when the limit was reached
-                continue
-            data = self._obj.unused_data if self._obj.eof else b""
-            if data:
-                if not self.gzip:
-                    break  # bytes after the end of a deflate stream: ignored, as zlib does
-                self._obj = zlib.decompressobj(self._wbits)  # the next gzip member
-        return b"".join(out)
 
 
 class Transfer:
@@ -128,7 +88,7 @@ class Transfer:
         # endings) or headers_too_large, invalid (errors, explained in ``detail``).
         self.stop: str | None = None
         self.detail = ""
-        self.decoder: _Decoder | None = None
+        self.decoder: Decoder | None = None
         self.refused: list[str] = []  # addresses the guard refused
         self.attempted: list[str] = []  # addresses the guard allowed
 
@@ -175,9 +135,9 @@ class Transfer:
         if encoding is not None:
             encoding = encoding.strip().lower()
             if encoding in DECODED_ENCODINGS:
-                self.decoder = _Decoder(encoding)
+                self.decoder = Decoder(encoding)
             elif encoding not in ("", "identity"):
-                self.stop = "invalid"  # we only offer gzip and deflate
+                self.stop = "invalid"  # we only offer DECODED_ENCODINGS
                 self.detail = f"unsupported Content-Encoding {encoding[:40]!r}"
                 return _ABORT
         return None
@@ -188,9 +148,9 @@ class Transfer:
             try:
                 chunk = self.decoder.decode(data, self.fetcher.settings.max_body_bytes
                                             - self.size)
-            except zlib.error as exc:
+            except DecodeError as exc:
                 self.stop = "invalid"
-                self.detail = f"bad {'gzip' if self.decoder.gzip else 'deflate'} body: {exc}"
+                self.detail = str(exc)
                 return _ABORT
         self.size += len(chunk)
         if self.size > self.fetcher.settings.max_body_bytes:
@@ -211,6 +171,12 @@ class Transfer:
     def header_value(self, prefix: bytes) -> str | None:
         """The first header whose lower-cased line starts with ``prefix`` (``b"name:"``)."""
         return first_header(self.header_lines, prefix)
+
+    def header_values(self, prefix: bytes) -> list[str]:
+        """Every header whose lower-cased line starts with ``prefix`` (Set-Cookie repeats)."""
+        size = len(prefix)
+        return [line[size:].decode("latin-1").strip() for line in self.header_lines
+                if line[:size].lower() == prefix]
 
 
 # -- reading a response head and body the way the callbacks do (the re-parse tool) -------------
@@ -260,24 +226,6 @@ def parse_head(block: bytes) -> tuple[int, list[bytes], bytes]:
     return status, lines, block[start:]
 
 
-def decode_body(raw: bytes, encoding: str | None, max_bytes: int) -> tuple[bytes, bool]:
-    """``raw`` decoded from ``encoding`` as the write callback decodes it, cut at
-    ``max_bytes``; returns ``(body, truncated)``.
-
-    Raises:
-        ValueError: an encoding the fetcher does not offer, or a corrupt body.
-    """
-    encoding = (encoding or "").strip().lower()
-    if encoding in DECODED_ENCODINGS:
-        try:
-            raw = _Decoder(encoding).decode(raw, max_bytes)
-        except zlib.error as exc:
-            raise ValueError(f"bad {encoding} body: {exc}") from None
-    elif encoding not in ("", "identity"):
-        raise ValueError(f"unsupported Content-Encoding {encoding[:40]!r}")
-    return (raw[:max_bytes], True) if len(raw) > max_bytes else (raw, False)
-
-
 def new_easy_handle(settings: Settings, transfer: Transfer) -> pycurl.Curl:
     """A libcurl easy handle set up for the fleet, its callbacks bound to ``transfer``."""
     curl = pycurl.Curl()
@@ -286,9 +234,9 @@ def new_easy_handle(settings: Settings, transfer: Transfer) -> pycurl.Curl:
     curl.setopt(pycurl.FOLLOWLOCATION, 0)
     curl.setopt(pycurl.PROXY, "")  # never a proxy from http_proxy & co
     curl.setopt(pycurl.NETRC, pycurl.NETRC_IGNORED)
-    curl.setopt(pycurl.CAINFO, certifi.where())
+    curl.setopt(pycurl.CAINFO, trust.ca_file(settings))
     curl.setopt(pycurl.USERAGENT, settings.user_agent)
-    # We decode (see _Decoder): the write callback counts decoded bytes against the cap.
+    # We decode (common/web/decoding.py): the write callback counts decoded bytes against the cap.
     curl.setopt(pycurl.HTTPHEADER, list(BASE_HEADERS))
     curl.setopt(pycurl.HTTP_CONTENT_DECODING, 0)
     curl.setopt(pycurl.OPENSOCKETFUNCTION, transfer.open_socket)

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import pycurl
@@ -48,24 +48,38 @@ from common.core.config import Settings
 from common.core.errors import FetchError
 from common.core.redact import redact_url
 from common.core.urls import without_credentials
-from common.web import multi
+from common.web import multi, trust
 from common.web.capture import ArchivingTransfer, Exchange
 from common.web.curl import BASE_HEADERS, MAX_HEADER_LINES, Transfer, new_easy_handle
-from common.web.netguard import AddressGuard
+from common.web.curl_errors import classify
+from common.web.netguard import AddressGuard, resolve
 
-__all__ = ["MAX_HEADER_LINES", "FetchResult", "Fetcher"]  # MAX_HEADER_LINES lives in curl
+__all__ = ["MAX_HEADER_LINES", "CookieJar", "FetchResult", "Fetcher", "Identity"]
 
 logger = logging.getLogger(__name__)
 
-# libcurl error codes (curl/curl.h) and what they mean for the fleet.
-_TIMEOUT_CODES = frozenset({pycurl.E_OPERATION_TIMEDOUT})
-#: CURLE_WEIRD_SERVER_REPLY (8; pycurl names it E_FTP_WEIRD_SERVER_REPLY): a response libcurl
-#: refuses to read, e.g. a NUL or a bare CR in a header. The server sends it again on a retry:
-#: permanent ``fetch_invalid``, not a transient connection error.
-_WEIRD_SERVER_REPLY = getattr(pycurl, "E_WEIRD_SERVER_REPLY", 8)
-_INVALID_CODES = frozenset({pycurl.E_UNSUPPORTED_PROTOCOL, pycurl.E_URL_MALFORMAT,
-                            pycurl.E_BAD_CONTENT_ENCODING, _WEIRD_SERVER_REPLY})
-_HEADER_TOO_LARGE_CODES = frozenset({getattr(pycurl, "E_TOO_LARGE", 100)})
+#: libcurl's CURLINFO_HTTP_VERSION -> the version a record shows.
+_HTTP_VERSIONS = {1: "1.0", 2: "1.1", 3: "2", 30: "3"}
+
+
+class CookieJar(Protocol):
+    """The cookies one fetch sends and keeps (common/web/cookies.py): asked before each hop,
+    told each hop's Set-Cookie lines after it."""
+
+    def header_for(self, url: str) -> str | None:
+        """The Cookie header value for a request to ``url`` (None: no cookie applies)."""
+
+    def receive(self, url: str, set_cookies: list[str]) -> None:
+        """Keep what the response of ``url`` set (its Set-Cookie header values)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a fetch is to the site and which way it goes: its cookies (None: none sent or kept)
+    and its proxy (a URL, credentials inside: never logged; None: direct)."""
+
+    cookies: CookieJar | None = None
+    proxy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,14 @@ class FetchResult:
     archive: dict[str, Any] | None = None
     #: A redirect the caller's ``follow`` refused: the target, credentials removed.
     redirect_to: str | None = None
+    #: The final response's HTTP version ("1.1", "2", "3") and the address it came from (the
+    #: proxy's, through a proxy).
+    http_version: str | None = None
+    remote_ip: str | None = None
+    #: The proxy that served it, credentials removed (None: direct).
+    proxy: str | None = None
+    #: False when its certificate was not checked (FETCH_INSECURE_DOMAINS); None for http.
+    tls_verified: bool | None = None
 
 
 @dataclass
@@ -94,6 +116,7 @@ class _Handle:
     curl: pycurl.Curl
     transfer: Transfer
     generation: int
+    verifies: bool = True  # SSL_VERIFYPEER/HOST on (off for FETCH_INSECURE_DOMAINS' hosts)
 
 
 class Fetcher:
@@ -123,8 +146,10 @@ class Fetcher:
             handle.curl.close()
 
     def fetch(self, url: str, *, accept_any_type: bool = False, headers: Sequence[str] = (),
-              follow: Callable[[str], bool] | None = None) -> FetchResult:
-        """GET ``url``, following redirects ourselves; any final HTTP status is a result.
+              follow: Callable[[str], bool] | None = None, identity: Identity | None = None,
+              form: bytes | None = None) -> FetchResult:
+        """GET ``url`` (POST ``form`` when given), following redirects ourselves; any final
+        HTTP status is a result.
 
         Args:
             url: an http(s) URL.
@@ -132,10 +157,14 @@ class Fetcher:
             headers: more request header lines (``"Name: value"``) for this fetch.
             follow: called with each redirect target; False ends the fetch there, the 3xx
                 the result and the target in ``redirect_to``. None follows every hop.
+            identity: the cookies to send and keep, and the proxy to go through.
+            form: an ``application/x-www-form-urlencoded`` body to POST (a login); a 301,
+                302 or 303 after it is followed with a GET, as browsers do.
 
         Raises:
-            FetchError: ``kind`` is timeout, connection (transient), or blocked,
-                too_many_redirects, bad_redirect, headers_too_large, invalid (permanent).
+            FetchError: ``kind`` is timeout, connection, proxy (transient), or blocked,
+                tls_certificate, too_many_redirects, bad_redirect, headers_too_large,
+                invalid (permanent).
         """
         handle = self._take()
         started = time.perf_counter()
@@ -143,31 +172,48 @@ class Fetcher:
         sent_at: float | None = None
         current = url
         exchanges: list[Exchange] = []
+        cookies = identity.cookies if identity is not None else None
+        proxy = identity.proxy if identity is not None else None
+        lines = list(BASE_HEADERS)
         if headers:
             given = {line.partition(":")[0].strip().lower() for line in headers}
-            handle.curl.setopt(pycurl.HTTPHEADER, [  # a given Accept replaces the fleet's
-                *(line for line in BASE_HEADERS
-                  if line.partition(":")[0].lower() not in given), *headers])
+            lines = [*(line for line in BASE_HEADERS  # a given Accept replaces the fleet's
+                       if line.partition(":")[0].lower() not in given), *headers]
+        curl = handle.curl
+        if proxy:
+            curl.setopt(pycurl.PROXY, proxy)
+        if form is not None:
+            curl.setopt(pycurl.POSTFIELDS, form)
         try:
             for hop in range(self.settings.max_redirects + 1):
                 transfer = handle.transfer
                 transfer.reset(accept_any_type)
-                hop_sent_at = self._perform(handle.curl, transfer, current, deadline)
+                verified = self._prepare_hop(handle, current, lines, cookies, proxy,
+                                             bool(headers) or hop > 0)
+                hop_sent_at = self._perform(curl, transfer, current, deadline, proxy)
                 if sent_at is None:
                     sent_at = hop_sent_at
                 if self._archiving:
-                    exchanges.append(transfer.exchange(current, handle.curl, hop_sent_at))
+                    exchanges.append(transfer.exchange(current, curl, hop_sent_at))
+                if cookies is not None:
+                    set_cookies = transfer.header_values(b"set-cookie:")
+                    if set_cookies:
+                        cookies.receive(current, set_cookies)
                 if transfer.stop == "redirect":
                     location = transfer.headers().get("location", "")
                     target = self._next_hop(current, location)
                     if follow is None or follow(target):
                         current = target
+                        if form is not None and transfer.status in (301, 302, 303):
+                            curl.setopt(pycurl.HTTPGET, 1)
+                            form = None
                         continue  # the 3xx body was never read
                     return FetchResult(url, current, transfer.status, transfer.content_type(),
                                        b"", (time.perf_counter() - started) * 1000,
                                        headers={**transfer.headers(), "location": target},
                                        redirects=hop, sent_at=sent_at,
-                                       exchanges=tuple(exchanges), redirect_to=target)
+                                       exchanges=tuple(exchanges), redirect_to=target,
+                                       **self._connection(curl, proxy, verified))
                 content_type = transfer.content_type()
                 skipped = transfer.stop == "content_type"
                 return FetchResult(url, current, transfer.status, content_type,
@@ -176,13 +222,18 @@ class Fetcher:
                                    truncated=transfer.stop == "truncated",
                                    headers=transfer.headers(), redirects=hop,
                                    skipped="content_type" if skipped else None,
-                                   sent_at=sent_at, exchanges=tuple(exchanges))
+                                   sent_at=sent_at, exchanges=tuple(exchanges),
+                                   **self._connection(curl, proxy, verified))
         except FetchError as exc:
             exc.sent_at = sent_at if sent_at is not None else exc.sent_at
             raise
         finally:
-            if headers:
-                handle.curl.setopt(pycurl.HTTPHEADER, list(BASE_HEADERS))
+            if headers or cookies is not None:
+                curl.setopt(pycurl.HTTPHEADER, list(BASE_HEADERS))
+            if proxy:
+                curl.setopt(pycurl.PROXY, "")
+            if form is not None:
+                curl.setopt(pycurl.HTTPGET, 1)
             self._give_back(handle)
         raise FetchError(f"more than {self.settings.max_redirects} redirects",
                          kind="too_many_redirects", sent_at=sent_at)
@@ -195,6 +246,46 @@ class Fetcher:
         return mime in self.allowed_types
 
     # -- internals ---------------------------------------------------------------------------
+    def _prepare_hop(self, handle: _Handle, url: str, lines: list[str],
+                     cookies: CookieJar | None, proxy: str | None, set_lines: bool) -> bool | None:
+        """Set what differs per hop: the Cookie line, the certificate check, and through a
+        proxy the target's own address check. Returns whether the certificate is checked
+        (None: not https)."""
+        curl = handle.curl
+        cookie = cookies.header_for(url) if cookies is not None else None
+        if cookie:
+            curl.setopt(pycurl.HTTPHEADER, [*lines, f"Cookie: {cookie}"])
+        elif set_lines or cookies is not None:
+            curl.setopt(pycurl.HTTPHEADER, lines)
+        parts = urlsplit(url)
+        if proxy:
+            self._check_target(parts.hostname)
+        if parts.scheme != "https":
+            return None
+        checked = not trust.insecure(self.settings, parts.hostname)
+        if checked != handle.verifies:
+            curl.setopt(pycurl.SSL_VERIFYPEER, 1 if checked else 0)
+            curl.setopt(pycurl.SSL_VERIFYHOST, 2 if checked else 0)
+            handle.verifies = checked
+        return checked
+
+    def _check_target(self, host: str | None) -> None:
+        """Through a proxy libcurl connects to the proxy only: the address guard's rules for
+        the target are applied here, to every address the target's name resolves to."""
+        if not host:
+            return
+        refused = [address for address in resolve(host) if not self.guard.allowed(address)]
+        if refused:
+            raise FetchError(self.guard.reason(", ".join(sorted(set(refused))))
+                             + " (asked of a proxy)", kind="blocked")
+
+    def _connection(self, curl: pycurl.Curl, proxy: str | None,
+                    verified: bool | None) -> dict[str, Any]:
+        """The final response's HTTP version, remote address, proxy and certificate check."""
+        return {"http_version": _HTTP_VERSIONS.get(curl.getinfo(pycurl.INFO_HTTP_VERSION)),
+                "remote_ip": curl.getinfo(pycurl.PRIMARY_IP) or None,
+                "proxy": redact_url(proxy) if proxy else None, "tls_verified": verified}
+
     def _take(self) -> _Handle:
         with self._lock:
             if self._idle:
@@ -210,7 +301,7 @@ class Fetcher:
         handle.curl.close()  # closed meanwhile (close()): not kept
 
     def _perform(self, curl: pycurl.Curl, transfer: Transfer, url: str,
-                 deadline: float) -> float | None:
+                 deadline: float, proxy: str | None = None) -> float | None:
         """One request; returns the wall-clock time it was sent (None if it never was)."""
         remaining_ms = int((deadline - time.monotonic()) * 1000)
         if remaining_ms <= 0:
@@ -232,31 +323,10 @@ class Fetcher:
         pretransfer_s = curl.getinfo(pycurl.PRETRANSFER_TIME)
         sent_at = started_wall + pretransfer_s if pretransfer_s > 0 else None
         if error is not None and transfer.stop is None:
-            raise self._error(error, transfer, sent_at)
+            raise classify(error, transfer, sent_at, self.settings, proxy)
         if transfer.stop in ("headers_too_large", "invalid"):
             raise FetchError(transfer.detail, kind=transfer.stop, sent_at=sent_at)
         return sent_at
-
-    def _error(self, error: pycurl.error, transfer: Transfer,
-               sent_at: float | None) -> FetchError:
-        code, message = error.args[0], error.args[1] if len(error.args) > 1 else ""
-        text = f"curl error {code}: {message}"
-        if transfer.refused and (not transfer.attempted or code == pycurl.E_COULDNT_CONNECT):
-            # Only a refused address could have answered (libcurl resolves 'localhost' to
-            # ::1 and 127.0.0.1 itself, for one): the guard's refusal is the reason.
-            reason = self.guard.reason(", ".join(sorted(set(transfer.refused))))
-            if transfer.attempted:
-                reason += f"; allowed {', '.join(transfer.attempted)} failed: {text}"
-            return FetchError(reason, kind="blocked", sent_at=sent_at)
-        if code in _TIMEOUT_CODES:
-            return FetchError(f"{text} (FETCH_TOTAL_TIMEOUT_S "
-                              f"{self.settings.fetch_total_timeout_s:g}s or a stalled read)",
-                              kind="timeout", sent_at=sent_at)
-        if code in _INVALID_CODES:
-            return FetchError(text, kind="invalid", sent_at=sent_at)
-        if code in _HEADER_TOO_LARGE_CODES:
-            return FetchError(text, kind="headers_too_large", sent_at=sent_at)
-        return FetchError(text, kind="connection", sent_at=sent_at)
 
     def _next_hop(self, current: str, location: str) -> str:
         try:

@@ -13,6 +13,9 @@ therefore the compose services' own addresses.
 from __future__ import annotations
 
 import ipaddress
+import socket
+import threading
+import time
 from collections.abc import Iterable
 
 from common.core.errors import ConfigError
@@ -21,6 +24,11 @@ from common.core.values import IPNetwork, parse_networks
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _GLOBAL_UNICAST_V6 = ipaddress.IPv6Network("2000::/3")
+#: How long :func:`resolve` keeps a name's addresses (a proxied fetch checks its target's).
+RESOLVE_TTL_S = 60.0
+_RESOLVE_MAX = 10_000
+_resolved: dict[str, tuple[float, tuple[str, ...]]] = {}
+_resolved_lock = threading.Lock()
 
 
 class AddressGuard:
@@ -55,3 +63,33 @@ def guard_from_setting(raw: str) -> AddressGuard:
         return AddressGuard(parse_networks(raw))
     except ValueError as exc:
         raise ConfigError(f"FETCH_ALLOW_NETWORKS: {exc}") from None
+
+
+def resolve(host: str) -> tuple[str, ...]:
+    """The addresses ``host`` resolves to (itself when it is an address), kept RESOLVE_TTL_S.
+
+    For a fetch through a proxy, whose own connection the open-socket callback sees instead of
+    the target's: the fetcher checks these against the guard before asking the proxy. A name
+    that does not resolve here gives ``()`` (the proxy may know it: socks5h, an intranet
+    proxy); nothing is then refused on its account.
+    """
+    host = host.strip("[]")
+    try:
+        return (str(ipaddress.ip_address(host.split("%", 1)[0])),)
+    except ValueError:
+        pass
+    now = time.monotonic()
+    with _resolved_lock:
+        hit = _resolved.get(host)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        addresses = tuple(sorted({info[4][0] for info in infos}))
+    except (OSError, UnicodeError):
+        addresses = ()
+    with _resolved_lock:
+        if len(_resolved) >= _RESOLVE_MAX:
+            _resolved.clear()
+        _resolved[host] = (now + RESOLVE_TTL_S, addresses)
+    return addresses

@@ -16,6 +16,9 @@ Field caps, in characters (:data:`FIELD_CAPS`; NOTES.md, "Bounded records", says
 
 ``etag`` and ``last_modified`` (the response's validators, common/work/revisit.py) are at most
 256 printable ASCII characters or absent.
+``http_version`` ("1.1", "2", "3") and ``remote_ip`` (the address the response came from: the
+proxy's through a proxy) are null for a cached response; ``proxy`` (credentials removed) and
+``tls_verified: false`` (FETCH_INSECURE_DOMAINS) are present only when they apply.
 ``url`` is canonical and at most MAX_URL_LENGTH long, ``worker`` is WORKER_ID, ``queue``,
 ``encoding``, ``skipped`` and ``content_hash`` are short names or digests, ``archive``
 (ARCHIVE=warc) a WARC file name and two numbers, the rest are numbers and booleans. A flag
@@ -78,7 +81,12 @@ def fetch_record(url: str, response: FetchResult, *, worker: str, queue: str, de
         "status": response.status, "content_type": response.content_type,
         "bytes": len(response.body), "truncated": response.truncated,
         "elapsed_ms": round(response.elapsed_ms, 1), "redirects": response.redirects,
+        "http_version": response.http_version, "remote_ip": response.remote_ip,
     }
+    if response.proxy is not None:
+        record["proxy"] = response.proxy  # credentials removed (Fetcher)
+    if response.tls_verified is False:
+        record["tls_verified"] = False  # FETCH_INSECURE_DOMAINS: said in every such record
     if response.skipped:
         record["skipped"] = response.skipped
     record.update(validators_of(response))  # etag, last_modified: a revisit sends them back

@@ -100,7 +100,8 @@ def test_passwords_and_urls_are_the_knobs_marked_secret():
     assert {k.env for k in KNOBS if k.secret} == {"RABBITMQ_PASSWORD", "REDIS_PASSWORD",
                                                   "REDIS_SENTINEL_PASSWORD"}
     assert {k.env for k in KNOBS if k.url} == {"RABBITMQ_URL", "RABBITMQ_URLS", "REDIS_URL",
-                                               "RABBITMQ_MANAGEMENT_URL", "POSTGRES_URL"}
+                                               "RABBITMQ_MANAGEMENT_URL", "POSTGRES_URL",
+                                               "PROXY_URLS"}
 
 
 def _secret_settings() -> Settings:

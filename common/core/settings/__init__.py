@@ -40,11 +40,13 @@ from common.core.settings.pages import (
     PageLimitSettings,
     PressureSettings,
 )
+from common.core.settings.sessions import ProxySettings, SessionSettings, TrustSettings
 
 __all__ = [
     "ApiSettings", "ArchiveSettings", "BackoffSettings", "BrokerSettings", "CacheSettings", "CrawlSettings",
     "ExtractSettings", "FetchSettings", "IntakeSettings", "JobSettings", "Knob", "OpsSettings",
-    "PageLimitSettings", "PolitenessSettings", "PressureSettings", "ReconnectSettings",
-    "RecrawlSettings", "RedisSettings", "SettingsGroup", "SinkSettings", "StateSettings",
-    "WorkerSettings", "setting",
+    "PageLimitSettings", "PolitenessSettings", "PressureSettings", "ProxySettings",
+    "ReconnectSettings",
+    "RecrawlSettings", "RedisSettings", "SessionSettings", "SettingsGroup", "SinkSettings",
+    "StateSettings", "TrustSettings", "WorkerSettings", "setting",
 ]

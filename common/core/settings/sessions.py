@@ -1,0 +1,110 @@
+"""Settings groups of the real web: whom the fleet trusts (TLS), who it is to a site (cookies
+and sessions, a login), and which way its requests go (proxies).
+
+Each field is declared once with :func:`~common.core.settings.declare.setting`; docs/real-web.md
+says how they work together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.core import values
+from common.core.settings.declare import SettingsGroup, setting
+
+
+def status_list(raw: str) -> tuple[int, ...]:
+    """``"401,403,429"`` → (401, 403, 429): HTTP statuses from 400 to 599; empty: ()."""
+    statuses = []
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        if not part.isdigit() or not 400 <= int(part) <= 599:
+            raise ValueError(f"expected HTTP error statuses (400-599), got {part!r}")
+        statuses.append(int(part))
+    return tuple(statuses)
+
+
+def host_list(raw: str) -> tuple[str, ...]:
+    """``"a.example, B.example"`` → ("a.example", "b.example"); empty: ()."""
+    hosts = tuple(h.strip().lower().rstrip(".") for h in raw.split(",") if h.strip())
+    for host in hosts:
+        if "/" in host or ":" in host or " " in host:
+            raise ValueError(f"expected host names, got {host!r}")
+    return hosts
+
+
+@dataclass(frozen=True, repr=False)
+class TrustSettings(SettingsGroup):
+    """TLS: which certificate authorities a fetch trusts, and where it trusts none (loudly)."""
+
+    fetch_ca_bundle: str = setting(
+        "FETCH_CA_BUNDLE", values.text, "",
+        "A PEM file, or a directory of .pem/.crt files, of certificate authorities trusted "
+        "for pages, robots.txt, sitemaps and redirects (a private CA, a TLS-inspecting "
+        "proxy's); FETCH_CA_MODE says whether they add to or replace the default roots.")
+    fetch_ca_mode: str = setting(
+        "FETCH_CA_MODE", values.choice("add", "replace"), "add",
+        "`add`: FETCH_CA_BUNDLE's authorities are trusted besides the default roots "
+        "(certifi's); `replace`: only they are.")
+    ssl_cert_file: str = setting(
+        "SSL_CERT_FILE", values.text, "",
+        "OpenSSL's variable, honoured as OpenSSL does: this PEM file replaces the default "
+        "roots (when FETCH_CA_BUNDLE is empty; FETCH_CA_BUNDLE wins).")
+    fetch_insecure_domains: tuple[str, ...] = setting(
+        "FETCH_INSECURE_DOMAINS", host_list, "",
+        "Hosts (and their subdomains) fetched WITHOUT checking their certificate: a staging "
+        "site's self-signed one. Logged as a warning at start, counted, and marked "
+        "`tls_verified: false` in each record. Prefer FETCH_CA_BUNDLE.")
+
+
+@dataclass(frozen=True, repr=False)
+class SessionSettings(SettingsGroup):
+    """Who the fleet is to a site: cookie jars shared by the fleet, sessions, a login."""
+
+    cookies_enabled: bool = setting(
+        "COOKIES_ENABLED", values.boolean, "true",
+        "Keep the cookies sites set, per job and site, shared by every worker, and send "
+        "them back (RFC 6265); a job or rule may turn them off.")
+    cookie_jar_max_cookies: int = setting(
+        "COOKIE_JAR_MAX_COOKIES", values.positive_int, "100",
+        "Most cookies kept in one jar (a job's session on one site); the oldest go first.")
+    cookie_jar_max_bytes: int = setting(
+        "COOKIE_JAR_MAX_BYTES", values.positive_int, "65536",
+        "Largest jar (names and values together); a cookie over 4096 bytes is never kept.")
+    session_pool_size: int = setting(
+        "SESSION_POOL_SIZE", values.non_negative_int, "0",
+        "Sessions per job and site, each with its own cookie jar (and its own proxy when "
+        "PROXY_ROTATION=session); requests are spread over the healthy ones. 0: one jar, "
+        "and a blocking status is an answer like any other.")
+    session_retire_statuses: tuple[int, ...] = setting(
+        "SESSION_RETIRE_STATUSES", status_list, "401,403,429",
+        "With a session pool: an answer with one of these statuses retires the session that "
+        "got it (a fresh one takes its place) and its URL is tried again on another.")
+    session_max_retires: int = setting(
+        "SESSION_MAX_RETIRES", values.positive_int, "3",
+        "Sessions one URL may retire before its blocking answer is its outcome.")
+    session_max_uses: int = setting(
+        "SESSION_MAX_USES", values.non_negative_int, "0",
+        "Requests a session serves before it is retired and replaced (0: no limit).")
+    session_login: str = setting(
+        "SESSION_LOGIN", values.text, "",
+        "A form login run once per session before its first page: @login.yml or inline "
+        "JSON (docs/real-web.md); a job's `session.login` replaces it for the job.")
+
+
+@dataclass(frozen=True, repr=False)
+class ProxySettings(SettingsGroup):
+    """Which way requests go: a pool of proxies, rotated, rested when they fail."""
+
+    proxy_urls: str = setting(
+        "PROXY_URLS", values.text, "",
+        "Proxies for every fetch, comma-separated: http://, https://, socks5:// (the fleet "
+        "resolves names) or socks5h:// (the proxy does), user:password@ allowed (redacted "
+        "everywhere; or PROXY_URLS_FILE). Empty: direct.", url=True)
+    proxy_rotation: str = setting(
+        "PROXY_ROTATION", values.choice("request", "session"), "request",
+        "`request`: each request takes the next healthy proxy; `session`: a session keeps "
+        "its proxy (sticky) while the proxy is healthy.")
+    proxy_rest_s: float = setting(
+        "PROXY_REST_S", values.positive_float, "60",
+        "A proxy that failed (refused, timed out, answered 407 or 5xx to CONNECT) rests this "
+        "long, fleet-wide; its URL is tried again through another.")

@@ -106,6 +106,11 @@ class ArchiveSettings(SettingsGroup):
         "ARCHIVE_FSYNC", values.boolean, "false",
         "fsync the WARC file before each result is stored (survives a power loss, not only "
         "a killed worker), at the cost of a disk flush per page.")
+    archive_keep_cookies: bool = setting(
+        "ARCHIVE_KEEP_COOKIES", values.boolean, "false",
+        "Keep Cookie and Set-Cookie values in the WARC records as they went over the wire "
+        "(faithful replay, but the files then hold live session secrets); by default each "
+        "value is replaced by `[redacted]`.")
 
 
 @dataclass(frozen=True, repr=False)

@@ -109,6 +109,8 @@ class FetchResult:
     proxy: str | None = None
     #: False when its certificate was not checked (FETCH_INSECURE_DOMAINS); None for http.
     tls_verified: bool | None = None
+    #: A Cookie header went with a hop: the answer may be personal (never cached).
+    cookies_sent: bool = False
 
 
 @dataclass
@@ -173,6 +175,7 @@ class Fetcher:
         current = url
         exchanges: list[Exchange] = []
         cookies = identity.cookies if identity is not None else None
+        cookies_sent = False
         proxy = identity.proxy if identity is not None else None
         lines = list(BASE_HEADERS)
         if headers:
@@ -188,8 +191,9 @@ class Fetcher:
             for hop in range(self.settings.max_redirects + 1):
                 transfer = handle.transfer
                 transfer.reset(accept_any_type)
-                verified = self._prepare_hop(handle, current, lines, cookies, proxy,
-                                             bool(headers) or hop > 0)
+                verified, sent_cookie = self._prepare_hop(handle, current, lines, cookies,
+                                                          proxy, bool(headers) or hop > 0)
+                cookies_sent = cookies_sent or sent_cookie
                 hop_sent_at = self._perform(curl, transfer, current, deadline, proxy)
                 if sent_at is None:
                     sent_at = hop_sent_at
@@ -213,7 +217,7 @@ class Fetcher:
                                        headers={**transfer.headers(), "location": target},
                                        redirects=hop, sent_at=sent_at,
                                        exchanges=tuple(exchanges), redirect_to=target,
-                                       **self._connection(curl, proxy, verified))
+                                       **self._connection(curl, proxy, verified, cookies_sent))
                 content_type = transfer.content_type()
                 skipped = transfer.stop == "content_type"
                 return FetchResult(url, current, transfer.status, content_type,
@@ -223,7 +227,7 @@ class Fetcher:
                                    headers=transfer.headers(), redirects=hop,
                                    skipped="content_type" if skipped else None,
                                    sent_at=sent_at, exchanges=tuple(exchanges),
-                                   **self._connection(curl, proxy, verified))
+                                   **self._connection(curl, proxy, verified, cookies_sent))
         except FetchError as exc:
             exc.sent_at = sent_at if sent_at is not None else exc.sent_at
             raise
@@ -247,10 +251,11 @@ class Fetcher:
 
     # -- internals ---------------------------------------------------------------------------
     def _prepare_hop(self, handle: _Handle, url: str, lines: list[str],
-                     cookies: CookieJar | None, proxy: str | None, set_lines: bool) -> bool | None:
+                     cookies: CookieJar | None, proxy: str | None,
+                     set_lines: bool) -> tuple[bool | None, bool]:
         """Set what differs per hop: the Cookie line, the certificate check, and through a
         proxy the target's own address check. Returns whether the certificate is checked
-        (None: not https)."""
+        (None: not https) and whether a Cookie header goes."""
         curl = handle.curl
         cookie = cookies.header_for(url) if cookies is not None else None
         if cookie:
@@ -261,13 +266,13 @@ class Fetcher:
         if proxy:
             self._check_target(parts.hostname)
         if parts.scheme != "https":
-            return None
+            return None, bool(cookie)
         checked = not trust.insecure(self.settings, parts.hostname)
         if checked != handle.verifies:
             curl.setopt(pycurl.SSL_VERIFYPEER, 1 if checked else 0)
             curl.setopt(pycurl.SSL_VERIFYHOST, 2 if checked else 0)
             handle.verifies = checked
-        return checked
+        return checked, bool(cookie)
 
     def _check_target(self, host: str | None) -> None:
         """Through a proxy libcurl connects to the proxy only: the address guard's rules for
@@ -279,12 +284,13 @@ class Fetcher:
             raise FetchError(self.guard.reason(", ".join(sorted(set(refused))))
                              + " (asked of a proxy)", kind="blocked")
 
-    def _connection(self, curl: pycurl.Curl, proxy: str | None,
-                    verified: bool | None) -> dict[str, Any]:
+    def _connection(self, curl: pycurl.Curl, proxy: str | None, verified: bool | None,
+                    cookies_sent: bool) -> dict[str, Any]:
         """The final response's HTTP version, remote address, proxy and certificate check."""
         return {"http_version": _HTTP_VERSIONS.get(curl.getinfo(pycurl.INFO_HTTP_VERSION)),
                 "remote_ip": curl.getinfo(pycurl.PRIMARY_IP) or None,
-                "proxy": redact_url(proxy) if proxy else None, "tls_verified": verified}
+                "proxy": redact_url(proxy) if proxy else None, "tls_verified": verified,
+                "cookies_sent": cookies_sent}
 
     def _take(self) -> _Handle:
         with self._lock:

@@ -1,7 +1,8 @@
 """Record: the page's record, cache entry and counters into Redis in one call.
 
 The result script (common/store/results.py) appends the record to ``results``, marks the URL
-done, re-times its permit, clears its failure count and caches the response (CACHE_TTL_S), so
+done, re-times its permit, clears its failure count and caches the response (CACHE_TTL_S;
+not one fetched with cookies: it may be a session's own, and the cache is the fleet's), so
 a redelivery after it finds the outcome recorded. A job's record carries ``job`` and ``run``
 and is counted in its run's counters by the same script. The loop's other tasks run while Redis
 answers. The second of the page's two round trips, and the end of the trip.
@@ -49,7 +50,8 @@ class Record:
                 max_bytes = self.jobs.settings_for(trip.job).max_record_bytes
         bound(record, max_bytes)
         cache_value = None
-        if not cached and self.cache_ttl_s > 0:
+        if not cached and self.cache_ttl_s > 0 and not trip.response.cookies_sent:
+            # (an answer to a request with cookies may be one session's own: never shared)
             value = response_cache.encode(trip.response, self.cache_max_bytes)
             cache_value = (value, self.cache_ttl_s) if value is not None else None
         counters = {"cache_hits": 1} if cached else (

@@ -1,13 +1,11 @@
 """A form login, run once per session before its first page (SESSION_LOGIN, a job's
-``session.login``).
-
-The spec (YAML/JSON, read by :func:`parse_login`)::
+``session.login``; docs/real-web.md). The spec, YAML or JSON (:func:`parse_login`)::
 
     url: https://site.example/login          # the page with the form (http/https)
     form: "form#login"                       # optional: a CSS selector or a 0-based index;
                                              # default: the first form with a password input
     fields:                                  # name -> value, laid over the form's own values
-      user: crawler                          # plain text (not secret)
+      user: crawler                          # plain text (not for pass/pwd/secret/token names)
       password: {env: SITE_PASSWORD}         # read when the spec is parsed (the worker's env)
       otp_seed: {file: /run/secrets/seed}    # a file's text, one trailing newline dropped
     success: {css: "a.logout"}               # optional, all must hold: css, text (a substring),
@@ -29,6 +27,7 @@ from __future__ import annotations
 import codecs
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +57,8 @@ _MAX_FORMS_CHECKED = 100
 _KEYS = {"url", "form", "fields", "success", "method"}
 _SUCCESS_KEYS = {"css", "text", "status", "cookie"}
 _SUBMIT_TYPES = {"submit", "image"}
+#: Field names whose value must not be written in the spec itself.
+_SECRET_NAME = re.compile(r"pass|pwd|secret|token", re.I)
 
 
 class LoginFailed(FleetError):
@@ -117,10 +118,8 @@ def parse_login(raw: str | Mapping[str, Any] | None, *, base_dir: str | None = N
             raise ConfigError("login: not valid YAML/JSON") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"login: expected a mapping, got {type(raw).__name__}")
-    unknown = sorted(str(key) for key in raw if key not in _KEYS)
-    if unknown:
-        raise ConfigError(f"login.{unknown[0]}: unknown field (known: "
-                          + ", ".join(sorted(_KEYS)) + ")")
+    for key in (key for key in raw if key not in _KEYS):
+        raise ConfigError(f"login.{key}: unknown field (known: {', '.join(sorted(_KEYS))})")
     url = raw.get("url")
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
@@ -137,7 +136,6 @@ def log_in(fetcher: Fetcher, identity: Identity, spec: LoginSpec) -> None:
         LoginFailed: the page, its form or the success check said no (final for the session).
         FetchError: a fetch failed as fetches do (transient kinds: try again later).
     """
-    secrets = [value for value in spec.fields.values() if value]
     page = fetcher.fetch(spec.url, identity=identity)
     if not 200 <= page.status < 300:
         raise LoginFailed(f"login page {_shown(page.final_url)} answered {page.status}")
@@ -151,16 +149,15 @@ def log_in(fetcher: Fetcher, identity: Identity, spec: LoginSpec) -> None:
     body = urlencode(pairs, encoding=_charset(page) or "utf-8", errors="xmlcharrefreplace")
     referer = _shown(page.final_url)  # what a browser sends (CSRF checks look at them)
     headers = [f"Referer: {referer}", "Origin: " + urlunsplit((*urlsplit(referer)[:2], "", "", ""))]
+    post = method == "POST"  # else the values go in the query string: kept out of messages
+    target = action if post else urlunsplit((*urlsplit(action)[:3], body, ""))
     try:
-        if method == "POST":
-            result = fetcher.fetch(action, form=body.encode("ascii"), identity=identity,
-                                   headers=headers)
-        else:  # the values go in the query string: kept out of every message below
-            target = urlunsplit((*urlsplit(action)[:3], body, ""))
-            result = fetcher.fetch(target, identity=identity, headers=headers)
+        result = fetcher.fetch(target, identity=identity, headers=headers,
+                               form=body.encode("ascii") if post else None)
     except FetchError as exc:
-        raise FetchError(f"login submit to {_shown(action)}: {scrub(str(exc), [body, *secrets])}",
-                         kind=exc.kind, sent_at=exc.sent_at) from None
+        detail = scrub(str(exc), [body, *spec.fields.values()])
+        raise FetchError(f"login submit to {_shown(action)}: {detail}", kind=exc.kind,
+                         sent_at=exc.sent_at) from None
     problem = _check(result, spec, identity, _signature(form, page.final_url))
     if problem:
         raise LoginFailed(f"login to {_shown(action)}: success check failed: {problem} "
@@ -188,6 +185,8 @@ def _fields(value: Any, base_dir: str | None, resolve: bool) -> dict[str, str]:
         if not isinstance(name, str) or not name:
             raise ConfigError("login.fields: input names must be non-empty text")
         if isinstance(given, str | int | float) and not isinstance(given, bool):
+            if _SECRET_NAME.search(name):
+                raise ConfigError(f"{where}: a secret comes from {{env: NAME}} or {{file: PATH}}")
             fields[name] = str(given)
         elif isinstance(given, Mapping) and len(given) == 1 and set(given) <= {"env", "file"}:
             (kind, ref), = given.items()

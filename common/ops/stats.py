@@ -157,6 +157,7 @@ def collect(settings: Settings, connection: pika.BlockingConnection, client: red
         "throttled": RateLimiter(client, settings).throttled(),
         "deferred": deferred_status(client),
         "jobs": status_counts.jobs(client),
+        "proxies": status_counts.proxies(client),
         "workers": workers,
         "pressure": _pressure(settings, client, workers),
         "counters": counters,

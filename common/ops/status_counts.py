@@ -17,7 +17,9 @@ what is still to do (common/ops/crawl_progress.py splits them into done / failed
   members (waiting and being released: their cardinalities, not the per-domain counts) and the
   deliveries in flight at the workers;
 - jobs: each job's current run from its own counters (common/jobs/progress.py); the default
-  job's view is the rest of the snapshot, as before jobs.
+  job's view is the rest of the snapshot, as before jobs;
+- proxies: each proxy's requests served and failures (``proxy:stats``, redacted names only) and
+  whether it rests now (its ``proxy:rest:{id}`` key), read in one pipeline.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from common.store.keys import (
     DEFERRED,
     DEFERRED_INFLIGHT,
     DONE_PREFIX,
+    PROXY_STATS,
     RESULTS_STREAM,
     SINKS,
+    proxy_rest_key,
     sink_group,
 )
 
@@ -139,3 +143,23 @@ def jobs(client: redis.Redis) -> list[dict[str, Any]]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def proxies(client: redis.Redis) -> list[dict[str, Any]]:
+    """Every proxy the fleet has used: its redacted URL, requests served, failures, and the
+    seconds it still rests (0: healthy), busiest first."""
+    stats = {k.decode() if isinstance(k, bytes) else k: v
+             for k, v in client.hgetall(PROXY_STATS).items()}
+    names = {key[:-len(":name")]: value.decode() if isinstance(value, bytes) else value
+             for key, value in stats.items() if key.endswith(":name")}
+    if not names:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for proxy_id in names:
+        pipe.pttl(proxy_rest_key(proxy_id))
+    rests = pipe.execute()
+    rows = [{"proxy": name, "served": int(stats.get(f"{proxy_id}:served", 0)),
+             "failed": int(stats.get(f"{proxy_id}:failed", 0)),
+             "resting_s": round(max(rest, 0) / 1000, 1)}
+            for (proxy_id, name), rest in zip(names.items(), rests, strict=True)]
+    return sorted(rows, key=lambda row: (-row["served"], row["proxy"]))

@@ -83,6 +83,8 @@ def _lines(snapshot: dict[str, Any], width: int | None, height: int | None) -> l
         ("throttled domains:", _throttle_rows(snapshot), THROTTLED_MAX),
         *([(_deferred_header(snapshot), _deferred_rows(snapshot), DOMAINS_MAX)]
           if (snapshot.get("deferred") or {}).get("total") else []),
+        *([("proxies (served / failed):", _proxy_rows(snapshot), THROTTLED_MAX)]
+          if snapshot.get("proxies") else []),
         (f"workers alive: {len(snapshot['workers'])}", _worker_rows(snapshot, width),
          WORKERS_MAX)]
     budget = None if height is None else height - len(core)
@@ -279,6 +281,13 @@ def _deferred_rows(snapshot: dict[str, Any]) -> list[str]:
     return [f"  deferred {row['domain']}: {row['deferred']:,}, through in "
             f"{crawl_progress.format_duration(row['through_in_s'])}"
             for row in snapshot["deferred"]["domains"]]
+
+
+def _proxy_rows(snapshot: dict[str, Any]) -> list[str]:
+    """Each proxy (credentials never stored): requests served, failures, resting or not."""
+    return [f"  {row['proxy']}: {row['served']:,} / {row['failed']:,}"
+            + (f", resting {row['resting_s']:g}s" if row["resting_s"] else "")
+            for row in snapshot["proxies"]]
 
 
 def _dash(value: Any) -> str:

@@ -133,3 +133,29 @@ def test_status_shows_each_domains_requests_against_its_limit(settings, redis_cl
     assert {"domain": "example.test", "requests_in_window": 3, "limit": 5,
             "window_s": 60.0} in snapshot["domains"]
     assert "example.test: 3/5 per 60s" in stats.render(snapshot)
+
+
+def test_status_shows_each_proxy_served_failed_and_resting_without_its_credentials(
+        settings, redis_client):
+    import pika
+
+    from common.ops import stats
+    from common.store.keys import PROXY_STATS, proxy_rest_key
+
+    redis_client.hset(PROXY_STATS, mapping={
+        "a1:name": "http://proxy-a.test:3128", "a1:served": 120, "a1:failed": 0,
+        "b2:name": "http://proxy-b.test:3128", "b2:served": 3, "b2:failed": 7})
+    redis_client.set(proxy_rest_key("b2"), "1", px=30_000)
+    connection = pika.BlockingConnection(pika.URLParameters(settings.rabbitmq_url))
+    try:
+        snapshot = stats.collect(settings, connection, redis_client)
+    finally:
+        connection.close()
+    rows = snapshot["proxies"]
+    assert [row["proxy"] for row in rows] == ["http://proxy-a.test:3128",
+                                              "http://proxy-b.test:3128"]
+    assert rows[0]["resting_s"] == 0 and rows[0]["served"] == 120
+    assert rows[1]["failed"] == 7 and 25 < rows[1]["resting_s"] <= 30
+    text = stats.render(snapshot)
+    assert "http://proxy-a.test:3128: 120 / 0" in text
+    assert "http://proxy-b.test:3128: 3 / 7, resting" in text

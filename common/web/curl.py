@@ -10,9 +10,10 @@ thread. :class:`Transfer` holds those callbacks and what they saw:
 * header: counts header bytes (MAX_HEADER_BYTES) and lines (MAX_HEADER_LINES) against the caps
   and, at the end of the headers, decides before a byte of the body is read: a redirect, an
   unwanted content type or an unsupported Content-Encoding ends the transfer.
-* write: decodes gzip/deflate here (libcurl's own decoding is off: it refuses multi-member
-  gzip), a bounded piece at a time, so a compression bomb stops at the body cap
-  (MAX_BODY_BYTES) rather than after inflating; a longer body is cut at the cap.
+* write: decodes gzip/deflate/br/zstd here (common/web/decoding.py; libcurl's own decoding
+  is off: it refuses multi-member gzip), a bounded piece at a time, so a compression bomb
+  stops at the body cap (MAX_BODY_BYTES) rather than after inflating; a longer body is cut at
+  the cap.
 
 With ARCHIVE=warc the fetcher uses common/web/capture.py's subclass, which also keeps the bytes
 as they went over the wire; :func:`parse_head` and :func:`decode_body` read such a response back

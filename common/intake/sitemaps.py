@@ -87,7 +87,7 @@ class SitemapReader:
         # robots.txt is read no further than it is used (500 KiB), not up to a sitemap's 50 MB.
         self._robots_fetcher = fetcher or robots_fetcher(settings)
         self.limiter = RateLimiter(client, settings)
-        self.robots = RobotsStore(client, settings.robots_user_agent, settings.robots_ttl_s)
+        self.robots = RobotsStore.from_settings(client, settings)
         self._sleep = sleep
 
     def read(self, url: str) -> Sitemap:

@@ -4,7 +4,9 @@ Listing is non-destructive: messages are fetched with ``basic_get`` (manual ack)
 acked, so closing the channel puts every one back where it was. Replay takes the matching
 messages, resets each URL's retry counter (``failures:{url}``), releases its fingerprint, and
 sends it through the producer path again (canonicalise → dedupe → route → confirmed
-publish); only once that publish is confirmed is the dead letter acked.
+publish); only once that publish is confirmed is the dead letter acked. The fleet's robots.txt
+failures ("unavailable", "failed") of the replayed URLs' origins are deleted first, so a
+replay after a fix (the CA trusted, the site back) fetches robots.txt afresh at once.
 
 A dead letter's body may hold anything (a poison message): what is listed is escaped where
 standard output cannot encode it (a lone surrogate from a ``\\ud800`` in the JSON, any
@@ -27,6 +29,7 @@ import codecs
 import json
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +45,7 @@ from common.intake.producer import Producer, ProduceSummary
 from common.jobs.registry import JobRef, JobRegistry, JobStateError
 from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import failures_key, job_run_key
+from common.web.robots import forget_failures, origin_of
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,8 @@ def replay(settings: Settings, connection: pika.BlockingConnection, client: redi
             summary.matched += 1
         if not groups:
             return summary
+        forget_failures(client, _origins(
+            (url for matched in groups.values() for _tag, url, _why in matched), settings))
         with Producer(settings, client) as producer:
             for ref, matched in groups.items():
                 if ref is not None:
@@ -298,6 +304,17 @@ def _forget(urls: list[str], settings: Settings, client: redis.Redis) -> None:
         client.delete(*(failures_key(url) for url in canonical))
         SeenSet(client, settings.seen_buckets).remove_many([fingerprint(u) for u in canonical])
         DoneSet(client, settings.seen_buckets).forget(canonical)
+
+
+def _origins(urls: Iterable[str], settings: Settings) -> set[str]:
+    """The origins (robots.txt's scope) of ``urls`` as the workers will see them."""
+    origins = set()
+    for url in urls:
+        try:
+            origins.add(origin_of(canonicalize(url, max_length=settings.max_url_length)))
+        except InvalidURL:
+            continue  # goes back to the DLQ as invalid_url through the producer
+    return origins
 
 
 def purge(connection: pika.BlockingConnection) -> int:

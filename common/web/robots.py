@@ -1,22 +1,31 @@
 """robots.txt: fetched once per origin for the whole fleet, cached in Redis, parsed by protego.
 
-``robots:{origin}`` holds ``{"status": ..., "body": ..., "fetched_at": ...}`` for
-ROBOTS_TTL_S (24 h). Status, per RFC 9309:
+``robots:{origin}`` holds ``{"status": ..., "body": ..., "fetched_at": ...}`` (and ``kind``
+when failed) for ROBOTS_TTL_S (24 h). Status, per RFC 9309:
 
 * ``ok``           2xx: the rules in ``body`` apply;
 * ``allow_all``    4xx (no robots.txt): everything is allowed;
 * ``unavailable``  5xx, timeout, connection error: the site may be down; URLs of the origin
-                   are retried later with backoff (a transient failure), and the entry is kept
-                   only briefly (UNAVAILABLE_TTL_S) so robots.txt is tried again soon.
+                   are retried later with backoff (a transient failure). The entry lives a
+                   quarter of RETRY_BASE_S, less than the shortest first retry delay (half of
+                   it), so each retry asks robots.txt again;
+* ``failed``       a permanent fetch failure (``kind``: tls_certificate, invalid,
+                   too_many_redirects...): the origin's URLs are dead-lettered
+                   ``fetch_{kind}`` at once, with the fetch's message. The entry lives
+                   RETRY_BASE_S, only so the origin's queued URLs do not each pay a handshake
+                   (one attempt per origin per RETRY_BASE_S); ``dlq replay`` deletes it
+                   (:func:`forget_failures`), so a replay after a fix fetches afresh.
 
 A robots.txt is hostile input too (NOTES #12): at most MAX_ROBOTS_BYTES of it is read (a line
 cut there is dropped), and protego only ever sees the group we obey, capped
 (common/web/robots_rules.py), so parsing, matching and memory are bounded per origin.
 
-Each worker keeps parsed entries in memory (:class:`LocalRules`) for LOCAL_TTL_S, so robots
-costs no round trip on the hot path; expired entries are dropped, and all of them together
-stay within LOCAL_MAX_BYTES (measured per entry) and LOCAL_MAX_ORIGINS, the least recently
-used evicted first. :meth:`RobotsStore.refresh` is the one place robots.txt is fetched and stored.
+Each worker keeps parsed good entries (``ok``, ``allow_all``) in memory (:class:`LocalRules`)
+for LOCAL_TTL_S, so robots costs no round trip on the hot path; expired entries are dropped,
+and all of them together stay within LOCAL_MAX_BYTES (measured per entry) and
+LOCAL_MAX_ORIGINS, the least recently used evicted first. The other entries are read from
+Redis each time: no worker believes a failure longer than the fleet does, and a replay that
+deleted it is seen at once. :meth:`RobotsStore.refresh` is the one place robots.txt is fetched and stored.
 Its caller hands it the fetch, and with it its own wait policy: a worker fetches only while it
 holds ``robots:lock:{origin}`` and parks the URL when that lock or a rate-limit permit is not to
 be had now; the sitemap reader sleeps until its permit is due. Either way the robots.txt
@@ -31,7 +40,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -52,7 +61,6 @@ LOCAL_TTL_S = 60.0
 LOCAL_MAX_ORIGINS = 10_000
 LOCAL_MAX_BYTES = 16 * 1024 * 1024  # >= 16 worst-case origins (~1 MiB), thousands of usual ones
 LOCAL_SWEEP_S = 5.0
-UNAVAILABLE_TTL_S = 60
 LOCK_MS = 30_000
 MAX_ROBOTS_BYTES = 500 * 1024  # RFC 9309: parse at least 500 KiB; Google: the rest is ignored
 MAX_MATCH_URL_CHARS = 8 * 1024  # longer URLs (4x MAX_URL_LENGTH) are not judged: disallowed
@@ -60,6 +68,8 @@ MAX_MATCH_URL_CHARS = 8 * 1024  # longer URLs (4x MAX_URL_LENGTH) are not judged
 ALLOW_ALL = "allow_all"
 RULES = "ok"
 UNAVAILABLE = "unavailable"
+FAILED = "failed"
+GOOD = frozenset({RULES, ALLOW_ALL})
 
 
 def origin_of(url: str) -> str:
@@ -77,6 +87,7 @@ class RobotsEntry:
     status: str
     body: str = ""
     detail: str = ""
+    kind: str = ""  # FAILED: the FetchError kind
 
 
 class RobotsRules:
@@ -93,7 +104,7 @@ class RobotsRules:
         self._parser: Protego | None = None
         if entry.status == RULES:
             reduced = reduce(entry.body, user_agent)
-            entry = RobotsEntry(RULES, reduced.text, entry.detail)
+            entry = RobotsEntry(RULES, reduced.text, entry.detail, entry.kind)
             self._parser = Protego.parse(reduced.text)
             self.dropped = reduced.dropped
             self._parser.can_fetch("/", user_agent)  # builds protego's lazy index now
@@ -103,6 +114,11 @@ class RobotsRules:
     @property
     def unavailable(self) -> bool:
         return self.entry.status == UNAVAILABLE
+
+    @property
+    def failed(self) -> bool:
+        """robots.txt could not be fetched for a permanent reason (``entry.kind``)."""
+        return self.entry.status == FAILED
 
     def allows(self, url: str) -> bool:
         if self._parser is None:
@@ -211,11 +227,19 @@ class RobotsStore:
     """Shared (Redis) and local (memory, :class:`LocalRules`) caches of robots entries."""
 
     def __init__(self, client: redis.Redis, user_agent: str, ttl_s: int,
-                 local: LocalRules | None = None) -> None:
+                 local: LocalRules | None = None, retry_base_s: float = 2.0) -> None:
         self.client = client
         self.user_agent = user_agent
         self.ttl_s = ttl_s
         self.local = local if local is not None else LocalRules()
+        # How long a failure is believed (module docstring); at least 1 ms each.
+        self.unavailable_ttl_ms = max(1, int(retry_base_s * 1000 / 4))
+        self.failed_ttl_ms = max(1, int(retry_base_s * 1000))
+
+    @classmethod
+    def from_settings(cls, client: redis.Redis, settings: Settings) -> RobotsStore:
+        return cls(client, settings.robots_user_agent, settings.robots_ttl_s,
+                   retry_base_s=settings.retry_base_s)
 
     def get(self, origin: str) -> RobotsRules | None:
         """The rules for ``origin`` from memory or Redis; None when nobody has fetched them."""
@@ -227,7 +251,8 @@ class RobotsStore:
             return None
         data = json.loads(raw)
         rules = RobotsRules(RobotsEntry(data["status"], data.get("body", ""),
-                                        data.get("detail", "")), self.user_agent)
+                                        data.get("detail", ""), data.get("kind", "")),
+                            self.user_agent)
         self._remember(origin, rules)
         return rules
 
@@ -236,9 +261,9 @@ class RobotsStore:
         entry fleet-wide, log it once, return its rules.
 
         ``fetch`` gets :func:`robots_url` of the origin and raises FetchError when no HTTP
-        status came back. A FetchError stores "unavailable" (RFC 9309), except kind
-        ``blocked`` (the address guard refused the origin), which is re-raised: nothing about
-        the site is known.
+        status came back. A transient FetchError stores "unavailable" (RFC 9309), a permanent
+        one "failed" with its kind, except kind ``blocked`` (the address guard refused the
+        origin), which is re-raised: nothing about the site is known.
 
         Raises:
             FetchError: kind ``blocked`` only; nothing was stored.
@@ -251,19 +276,23 @@ class RobotsStore:
         except FetchError as exc:
             if exc.kind == "blocked":
                 raise
-            entry = entry_for_response(None, b"", f"{exc.kind}: {exc}")
+            entry = (entry_for_response(None, b"", f"{exc.kind}: {exc}") if exc.transient else
+                     RobotsEntry(FAILED, detail=f"robots.txt: {exc}", kind=exc.kind))
         rules = self.put(origin, entry)
-        logger.info("robots.txt for %s: %s %s", origin, entry.status, entry.detail)
+        logger.info("robots.txt for %s: %s %s%s", origin, entry.status,
+                    f"{entry.kind} " if entry.kind else "", entry.detail)
         if rules.dropped:
             logger.warning("robots.txt for %s: %d rules or Sitemap lines over the caps ignored "
                            "(NOTES #12)", origin, rules.dropped)
         return rules
 
     def put(self, origin: str, entry: RobotsEntry) -> RobotsRules:
-        ttl_s = UNAVAILABLE_TTL_S if entry.status == UNAVAILABLE else self.ttl_s
+        ttl_ms = {UNAVAILABLE: self.unavailable_ttl_ms,
+                  FAILED: self.failed_ttl_ms}.get(entry.status, self.ttl_s * 1000)
         payload = json.dumps({"status": entry.status, "body": entry.body,
-                              "detail": entry.detail, "fetched_at": time.time()})
-        self.client.set(robots_key(origin), payload, ex=ttl_s)
+                              "detail": entry.detail, "fetched_at": time.time(),
+                              **({"kind": entry.kind} if entry.kind else {})})
+        self.client.set(robots_key(origin), payload, px=ttl_ms)
         rules = RobotsRules(entry, self.user_agent)
         self._remember(origin, rules)
         return rules
@@ -275,5 +304,32 @@ class RobotsStore:
         self.client.delete(robots_lock_key(origin))
 
     def _remember(self, origin: str, rules: RobotsRules) -> None:
-        self.local.put(origin, rules, min(LOCAL_TTL_S, UNAVAILABLE_TTL_S if rules.unavailable
-                                          else LOCAL_TTL_S))
+        if rules.entry.status in GOOD:  # a failure is believed as long as Redis keeps it
+            self.local.put(origin, rules, LOCAL_TTL_S)
+
+
+# Delete each robots:{origin} in KEYS whose entry is not a good one (ok, allow_all): checked
+# and deleted in one step, so a good entry stored meanwhile by a worker stays.
+FORGET_FAILURES_LUA = """
+local gone = 0
+for _, key in ipairs(KEYS) do
+  local raw = redis.call('GET', key)
+  if raw then
+    local ok, entry = pcall(cjson.decode, raw)
+    if not (ok and type(entry) == 'table' and (entry.status == 'ok'
+                                               or entry.status == 'allow_all')) then
+      gone = gone + redis.call('DEL', key)
+    end
+  end
+end
+return gone
+"""
+
+
+def forget_failures(client: redis.Redis, origins: Iterable[str]) -> int:
+    """Delete the fleet's "unavailable"/"failed" robots entries of ``origins`` (what ``dlq
+    replay`` needs: the replayed URLs then fetch robots.txt afresh); returns how many."""
+    keys = sorted({robots_key(origin) for origin in origins})
+    if not keys:
+        return 0
+    return int(client.eval(FORGET_FAILURES_LUA, len(keys), *keys))

@@ -7,8 +7,10 @@ origin whose rules nobody has yet is fetched by the one worker that takes
 takes a rate-limit permit like any other request, and its answer tells the domain's throttle
 what a page's would (common/web/throttle.py): a robots.txt answering 429, 503 or another
 transient status (its ``Retry-After`` honoured) blocks the whole domain fleet-wide on the same
-curve, a timeout slows it, a healthy answer counts as healthy. (The entry is still "unavailable", RFC 9309: the origin's
-URLs are retried with backoff, and their turns wait for the block to end.)
+curve, a timeout slows it, a healthy answer counts as healthy. (The entry is still
+"unavailable", RFC 9309: the origin's URLs are retried with backoff, and their turns wait for
+the block to end.) A permanent fetch failure (an untrusted certificate...) is stored "failed"
+for RETRY_BASE_S: the step dead-letters the origin's URLs ``fetch_{kind}`` meanwhile.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class RobotsGate:
         self.client = client
         self.limiter = limiter
         self.fetcher = fetcher  # reads at most MAX_ROBOTS_BYTES (robots_fetcher)
-        self.store = RobotsStore(client, settings.robots_user_agent, settings.robots_ttl_s)
+        self.store = RobotsStore.from_settings(client, settings)
 
     def rules(self, url: str) -> RobotsRules | Park | DeadLetter:
         """The rules for ``url``'s origin; else Park (another worker is fetching them, or the

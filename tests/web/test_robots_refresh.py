@@ -20,10 +20,12 @@ from common.store.keys import robots_key
 from common.web.fetch import Fetcher, FetchResult
 from common.web.robots import (
     ALLOW_ALL,
+    FAILED,
     RULES,
     UNAVAILABLE,
-    UNAVAILABLE_TTL_S,
+    RobotsEntry,
     RobotsStore,
+    forget_failures,
     robots_url,
 )
 from devtools.testsite import TestSite
@@ -38,7 +40,7 @@ def robots_site() -> Iterator[TestSite]:
 
 
 def _store(settings, redis_client) -> RobotsStore:
-    return RobotsStore(redis_client, settings.robots_user_agent, settings.robots_ttl_s)
+    return RobotsStore.from_settings(redis_client, settings)
 
 
 def _fetch_with(settings):
@@ -91,11 +93,13 @@ def test_an_http_status_gives_the_entry_rfc_9309_says(settings, redis_client, ro
     assert rules.entry.status == expected and rules.entry.detail == f"status {status}"
     assert rules.allows(robots_site.url("/private/1"))  # only "ok" entries disallow anything
     assert _stored(redis_client, origin)["status"] == expected
-    ttl = redis_client.ttl(robots_key(origin))
+    ttl_ms = redis_client.pttl(robots_key(origin))
     if expected == UNAVAILABLE:
-        assert 0 < ttl <= UNAVAILABLE_TTL_S  # tried again soon
+        # Forgotten before the shortest first retry delay (half of RETRY_BASE_S): the retry
+        # asks robots.txt again.
+        assert 0 < ttl_ms <= settings.retry_base_s * 1000 / 4
     else:
-        assert ttl > UNAVAILABLE_TTL_S
+        assert ttl_ms > settings.retry_base_s * 1000
 
 
 def test_a_connection_that_fails_is_stored_as_unavailable(settings, redis_client):
@@ -124,3 +128,58 @@ def test_an_origin_the_address_guard_refuses_raises_and_stores_nothing(
     assert _stored(redis_client, origin) is None
     assert _store(settings, redis_client).get(origin) is None
     assert not [r for r in caplog.records if "robots.txt for" in r.getMessage()]
+
+
+def test_a_failure_is_never_believed_longer_in_a_workers_memory_than_in_redis(
+        settings, redis_client, robots_site):
+    robots_site.route("/robots.txt", lambda _r: (503, {"Content-Type": "text/plain"}, b"no"))
+    origin = robots_site.base_url
+    store = _store(settings, redis_client)
+    assert store.refresh(origin, _fetch_with(settings)[0]).unavailable
+    assert origin not in store.local and store.get(origin).unavailable  # from Redis
+
+    redis_client.delete(robots_key(origin))  # expired, or deleted by dlq replay
+
+    assert store.get(origin) is None  # this worker asks again at once
+
+
+def test_a_permanent_fetch_failure_is_stored_failed_with_its_kind_for_retry_base_s(
+        settings, redis_client, robots_site, caplog):
+    origin = robots_site.base_url
+
+    def fetch(url: str) -> FetchResult:
+        raise FetchError("curl error 60: SSL certificate problem", kind="tls_certificate")
+
+    with caplog.at_level(logging.INFO, logger="common.web.robots"):
+        rules = _store(settings, redis_client).refresh(origin, fetch)
+
+    assert rules.failed and not rules.unavailable
+    assert (rules.entry.kind, rules.entry.detail) == (
+        "tls_certificate", "robots.txt: curl error 60: SSL certificate problem")
+    stored = _stored(redis_client, origin)
+    assert (stored["status"], stored["kind"]) == (FAILED, "tls_certificate")
+    assert 0 < redis_client.pttl(robots_key(origin)) <= settings.retry_base_s * 1000
+    other = _store(settings, redis_client).get(origin)  # another worker: the same answer
+    assert other.failed and other.entry.kind == "tls_certificate"
+    assert f"robots.txt for {origin}: failed tls_certificate robots.txt: curl error 60" in \
+        caplog.text
+
+
+def test_forget_failures_deletes_unavailable_and_failed_entries_and_keeps_good_ones(
+        settings, redis_client):
+    store = _store(settings, redis_client)
+    origins = {status: f"http://{status.replace('_', '-')}.test" for status in
+               (RULES, ALLOW_ALL, UNAVAILABLE, FAILED)}
+    for status, origin in origins.items():
+        store.put(origin, RobotsEntry(status, body="User-agent: *\nDisallow: /x\n"
+                                      if status == RULES else "", kind="invalid"
+                                      if status == FAILED else ""))
+    redis_client.set(robots_key("http://garbled.test"), b"not json")
+
+    gone = forget_failures(redis_client, [*origins.values(), "http://garbled.test",
+                                          "http://never-fetched.test"])
+
+    assert gone == 3
+    assert {status for status, origin in origins.items()
+            if redis_client.exists(robots_key(origin))} == {RULES, ALLOW_ALL}
+    assert forget_failures(redis_client, []) == 0

@@ -2,8 +2,11 @@
 
 The rules come from the worker's memory once known (common/work/robots_gate.py: one worker
 fetches an origin's robots.txt, the others park their URL meanwhile). Rules that cannot be had
-(RFC 9309's "unavailable") retry the URL with backoff; a path they disallow is dead-lettered
-``robots_disallowed`` (counted ``robots_blocked``), unless its outcome is already recorded.
+(RFC 9309's "unavailable") retry the URL with backoff; a robots.txt fetch that failed for a
+permanent reason (``failed``: an untrusted certificate, a redirect loop...) dead-letters the
+URL at once ``fetch_{kind}`` with the fetch's message, as the page's own fetch would; a path
+they disallow is dead-lettered ``robots_disallowed`` (counted ``robots_blocked``). Neither
+dead-letters a URL whose outcome is already recorded.
 
 A job whose settings turn ROBOTS_ENABLED off skips robots.txt for its own pages. A job cannot
 turn it on where the fleet has it off: the worker then has no robots gate (no rules cache, no
@@ -34,6 +37,10 @@ class Robots:
         found = self.gate.rules(trip.url)
         if isinstance(found, Park | DeadLetter):
             return found
+        if found.failed:
+            kind = found.entry.kind
+            return DeadLetter(Failure(f"fetch_{kind}", error=f"{kind}: {found.entry.detail}"),
+                              unless_done=True)
         if found.unavailable:
             return Retry(Failure("robots_unavailable", error=found.entry.detail))
         if not found.allows(trip.url):

@@ -36,12 +36,15 @@ class MembersSite:
     """A members' area under /members on ``site``: /members/login (a form with a CSRF token
     bound to a ``csrf`` cookie), /members/session (the form's action: 302 to /members/ with a
     ``member`` cookie when user, password and token are right, else the form again), and
-    /members/ and /members/page/1..N, 403 without a valid ``member`` cookie."""
+    /members/ and /members/page/1..N, 403 without a valid ``member`` cookie; each member page
+    links to every other and to ``outside`` (URLs of other sites)."""
 
-    def __init__(self, site: TestSite, pages: int = 12, password: str = PASSWORD) -> None:
+    def __init__(self, site: TestSite, pages: int = 12, password: str = PASSWORD,
+                 outside: tuple[str, ...] = ()) -> None:
         self.site = site
         self.pages = pages
         self.password = password
+        self.outside = outside
         self.sessions: list[str] = []  # the member cookie of each successful login
         self.tokens: list[str] = []  # the CSRF token of each login page served
         self._lock = threading.Lock()
@@ -105,8 +108,9 @@ class MembersSite:
         if not known:
             return 403, _HTML, b"<html><body>Members only</body></html>"
         path = request.path.split("?", 1)[0]
-        links = "".join(f"<a href='/members/page/{n}'>page {n}</a>"
-                        for n in range(1, self.pages + 1))
+        links = "".join([*(f"<a href='/members/page/{n}'>page {n}</a>"
+                           for n in range(1, self.pages + 1)),
+                         *(f"<a href='{url}'>elsewhere</a>" for url in self.outside)])
         return 200, _HTML, (f"<html><head><title>member {path}</title></head><body>"
                             f"<a class='logout-hint'>signed in</a>{links}</body></html>").encode()
 

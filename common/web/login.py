@@ -30,6 +30,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
@@ -52,8 +53,8 @@ logger = logging.getLogger(__name__)
 MAX_FORM_INPUTS = 500
 #: Largest secret file read ({file: PATH}).
 MAX_SECRET_FILE_BYTES = 65536
-#: Forms of the page after login compared with the login form (the default success check).
-_MAX_FORMS_CHECKED = 100
+#: Forms of a page looked at (the login form among them; after login, the login form again).
+_MAX_FORMS = 100
 _KEYS = {"url", "form", "fields", "success", "method"}
 _SUCCESS_KEYS = {"css", "text", "status", "cookie"}
 _SUBMIT_TYPES = {"submit", "image"}
@@ -284,7 +285,7 @@ def _document(result: FetchResult, what: str | None) -> lxml.html.HtmlElement | 
 
 def _choose_form(doc: lxml.html.HtmlElement, chosen: str | int | None,
                  url: str) -> lxml.html.FormElement:
-    forms = doc.forms
+    forms = list(islice(doc.iter("form"), _MAX_FORMS))
     if isinstance(chosen, int):
         form = forms[chosen] if chosen < len(forms) else None
     elif isinstance(chosen, str):
@@ -326,7 +327,7 @@ def _check(result: FetchResult, spec: LoginSpec, identity: Identity,
             return "the final status is not 2xx"
         doc = _document(result, None)
         if doc is not None and any(_signature(f, result.final_url) == login_form
-                                   for f in doc.forms[:_MAX_FORMS_CHECKED]):
+                                   for f in islice(doc.iter("form"), _MAX_FORMS)):
             return "the login form is still on the page"
         return None
     if "status" in checks and result.status != checks["status"]:

@@ -1,0 +1,147 @@
+"""Crawls through a pool of proxies with the whole fleet (issue 28's Done when): RabbitMQ,
+Redis, ``worker.py`` processes, a loopback site, and Debian's tinyproxy as the proxies
+(devtools/proxies.py), judged by the site's request log, each proxy's own log, the results
+stream and ``proxy:stats``.
+
+Three proxies, one failing (nothing listens on its port, or a tinyproxy killed mid-crawl):
+nothing is lost (each URL one result, each page fetched once), the healthy two share the load,
+the failing one rests fleet-wide after a few failures, and records name their proxy with its
+credentials removed; a worker killed with kill -9 mid-crawl loses no URL.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from common.core.config import Settings
+from common.intake.producer import Producer
+from common.web.proxies import proxy_id, read_stats
+from devtools.nginx_site import free_port
+from devtools.proxies import TinyProxy
+from devtools.testsite import TestSite, start_sites
+from tests.helpers import output_of, results, start_worker_process, wait_for, wait_workers_ok
+
+pytestmark = pytest.mark.slow
+
+PAGES = 200
+SECRET = "fl33t-proxy-pw"
+
+
+@pytest.fixture
+def proxies() -> Iterator[tuple[TinyProxy, TinyProxy]]:
+    with TinyProxy(auth=("crawler", SECRET)) as one, TinyProxy() as two:
+        yield one, two
+
+
+def _seed(settings: Settings, client: redis.Redis, urls: list[str]) -> None:
+    with Producer(settings, client) as producer:
+        summary = producer.submit(urls)
+    assert summary.new == len(urls), summary.line()
+
+
+def _by_url(client: redis.Redis) -> dict[str, dict]:
+    found = results(client)
+    assert len({r["url"] for r in found}) == len(found), Counter(r["url"] for r in found)
+    return {r["url"]: r for r in found}
+
+
+def _pages(proxy: TinyProxy, site: TestSite) -> int:
+    """Page requests ``proxy`` passed on to ``site`` (robots.txt left out)."""
+    prefix = site.url("/page/")
+    return sum(1 for _method, target in proxy.requests() if target.startswith(prefix))
+
+
+def _workers(settings: Settings, n: int, env: dict[str, str], first: int = 0) -> list:
+    return [start_worker_process(settings, "--idle-exit", "3", "--concurrency", "8",
+                                 env={**env, "WORKER_ID": f"px-w{first + i}"})
+            for i in range(n)]
+
+
+def _no_secret(client: redis.Redis, procs: list) -> None:
+    for proc in procs:
+        assert SECRET not in output_of(proc)
+    for stream in (b"results", b"failures"):
+        for _id, fields in client.xrange(stream):
+            assert SECRET.encode() not in fields[b"json"]
+    assert not [k for k, v in client.hgetall("proxy:stats").items() if SECRET.encode() in k + v]
+
+
+def _own_site(own_sites: list[TestSite]) -> TestSite:
+    [site] = start_sites(1, pages=PAGES)
+    own_sites.append(site)
+    return site
+
+
+def test_a_crawl_through_three_proxies_one_dead_loses_nothing_and_spreads_load(
+        settings: Settings, redis_client: redis.Redis, own_sites: list[TestSite],
+        proxies: tuple[TinyProxy, TinyProxy]) -> None:
+    site = _own_site(own_sites)
+    one, two = proxies
+    dead = f"http://ghost:{SECRET}@127.0.0.1:{free_port()}"
+    urls = [site.page_url(n) for n in range(1, PAGES + 1)]
+    _seed(settings, redis_client, urls)
+    workers = _workers(settings, 2, {"PROXY_URLS": f"{one.url},{two.url},{dead}"})
+    wait_workers_ok(workers, 180)
+
+    by_url = _by_url(redis_client)  # one result per URL
+    assert set(by_url) == set(urls)
+    assert all(record["status"] == 200 for record in by_url.values())
+    assert redis_client.xlen("failures") == 0
+    fetched = Counter(r.path for r in site.log if r.path.startswith("/page/"))
+    assert len(fetched) == PAGES and set(fetched.values()) == {1}  # each page fetched once
+    served = {one.port: _pages(one, site), two.port: _pages(two, site)}
+    assert sum(served.values()) == PAGES
+    assert min(served.values()) >= 0.3 * PAGES, served
+    shown = {record["proxy"] for record in by_url.values()}
+    assert shown == {f"http://crawler:***@127.0.0.1:{one.port}", two.url}
+    stats = read_stats(redis_client)
+    assert 1 <= stats[proxy_id(dead)]["failed"] <= 16, stats  # rested after a few
+    assert stats[proxy_id(dead)].get("served", 0) == 0
+    assert stats[proxy_id(dead)]["name"] == f"http://ghost:***@127.0.0.1:{dead.rsplit(':', 1)[1]}"
+    assert stats[proxy_id(one.url)]["served"] + stats[proxy_id(two.url)]["served"] == PAGES
+    _no_secret(redis_client, workers)
+    print(f"{PAGES} pages: {served} through the healthy proxies (by port), "
+          f"{stats[proxy_id(dead)]['failed']} failures on the dead one")
+
+
+def test_a_proxy_and_a_worker_killed_mid_crawl_lose_no_url(
+        settings: Settings, redis_client: redis.Redis, own_sites: list[TestSite],
+        proxies: tuple[TinyProxy, TinyProxy]) -> None:
+    site = _own_site(own_sites)
+    site.latency_s = 0.01  # a crawl long enough to kill things in the middle of it
+    one, two = proxies
+    with TinyProxy() as doomed:
+        urls = [site.page_url(n) for n in range(1, PAGES + 1)]
+        _seed(settings, redis_client, urls)
+        env = {"PROXY_URLS": f"{one.url},{two.url},{doomed.url}", "RATE_LIMIT": "100/second"}
+        first, second = _workers(settings, 2, env)
+        assert wait_for(lambda: redis_client.xlen("results") >= PAGES // 4, timeout_s=90)
+        doomed.kill()
+        assert wait_for(lambda: redis_client.xlen("results") >= PAGES // 2, timeout_s=90)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        [third] = _workers(settings, 1, env, first=2)
+        wait_workers_ok([second, third], 180)
+        through_doomed = _pages(doomed, site)
+
+    by_url = _by_url(redis_client)  # one result per URL, kill or not
+    assert set(by_url) == set(urls)
+    assert all(record["status"] == 200 for record in by_url.values())
+    assert redis_client.xlen("failures") == 0
+    assert 0 < through_doomed < PAGES // 2
+    fetched = Counter(r.path for r in site.log if r.path.startswith("/page/"))
+    assert len(fetched) == PAGES  # a page fetched twice: only one the kill -9 interrupted
+    assert sum(fetched.values()) - PAGES <= 24, fetched.most_common(3)
+    stats = read_stats(redis_client)
+    assert stats[proxy_id(doomed.url)]["failed"] >= 1
+    assert wait_for(lambda: not redis_client.exists(f"proxy:rest:{proxy_id(one.url)}"), 1)
+    _no_secret(redis_client, [first, second, third])
+    print(f"doomed proxy served {through_doomed} pages and failed "
+          f"{stats[proxy_id(doomed.url)]['failed']} times; "
+          f"{sum(fetched.values()) - PAGES} pages fetched twice after the kill -9")
+

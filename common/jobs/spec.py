@@ -19,6 +19,14 @@
     limits: {pages: 10000, depth: 3, duration: 2h, bytes: 1GiB}
     schedule: {every: 6h}             # or {cron: "0 3 * * *"}: numbered runs
     webhooks: [https://hooks.example/crawl-done]
+    session:                          # cookies and sessions (docs/real-web.md)
+      cookies: true                   # COOKIES_ENABLED (default true)
+      pool: 3                         # SESSION_POOL_SIZE
+      retire_statuses: [403, 429]     # SESSION_RETIRE_STATUSES
+      max_retires: 3                  # SESSION_MAX_RETIRES
+      max_uses: 200                   # SESSION_MAX_USES
+      login: {url: https://shop.example/login, fields: {user: me, password: {env: SHOP_PW}}}
+    proxies: {urls: [http://proxy.example:3128], rotation: session}   # or false: direct
     settings: {MAX_RECORD_BYTES: "131072"}   # other per-job settings (JOB_KNOBS)
 
 :func:`parse_job` turns the mapping into a :class:`JobSpec` or raises :class:`BadJob` naming
@@ -45,7 +53,9 @@ from typing import Any
 import yaml
 
 from common.core.config import KNOBS, Settings
+from common.core.redact import redact_url
 from common.jobs.spec_fields import (
+    SESSION_FIELDS,
     BadJob,
     Limits,
     Schedule,
@@ -54,11 +64,14 @@ from common.jobs.spec_fields import (
     _limits,
     _mapping,
     _politeness,
+    _proxies,
     _rules,
     _scalar_text,
     _schedule,
     _seeds,
+    _session,
     _webhooks,
+    check_identity,
     read_yaml,
 )
 
@@ -68,14 +81,18 @@ JOB_KNOBS = frozenset({
     "EXTRACT_RULES", "HANDLERS", "CRAWL_ENABLED", "CRAWL_MAX_DEPTH", "CRAWL_ALLOWED_DOMAINS",
     "CRAWL_MAX_PAGES_PER_DOMAIN", "CRAWL_NOFOLLOW", "ROBOTS_ENABLED", "MAX_RECORD_BYTES",
     "RECORD_MAX_LINKS", "RULES_REGEX_TIMEOUT_S", "HANDLER_TIMEOUT_S", "MAX_WAIT_S",
+    "COOKIES_ENABLED", "SESSION_POOL_SIZE", "SESSION_RETIRE_STATUSES", "SESSION_MAX_RETIRES",
+    "SESSION_MAX_USES", "SESSION_LOGIN", "PROXY_URLS", "PROXY_ROTATION",
 })
+#: Knobs whose values ``job show`` must not print as stored (credentials in proxy URLs).
+SECRET_KNOBS = frozenset({"PROXY_URLS"})
 _KNOB = {knob.env: knob for knob in KNOBS}
 
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 DEFAULT_JOB = "default"
 PRIORITIES = ("normal", "high")
 _TOP = {"name", "seeds", "crawl", "rules", "handlers", "politeness", "priority", "limits",
-        "schedule", "webhooks", "settings", "description"}
+        "schedule", "webhooks", "settings", "description", "session", "proxies"}
 
 
 @dataclass(frozen=True)
@@ -96,6 +113,11 @@ class JobSpec:
     def settings_for(self, base: Settings) -> Settings:
         """The fleet's settings with this job's per-page values over them."""
         return dataclasses.replace(base, **self.overrides()) if self.knobs else base
+
+    def shown_knobs(self) -> dict[str, str]:
+        """The knobs as ``job show`` may print them: proxy credentials redacted."""
+        return {env: ",".join(redact_url(u.strip()) for u in raw.split(","))
+                if env in SECRET_KNOBS and raw else raw for env, raw in self.knobs.items()}
 
     def overrides(self) -> dict[str, Any]:
         """Settings attribute -> parsed value, for each knob the job sets."""
@@ -164,6 +186,8 @@ def parse_job(data: Any, *, base_dir: str = ".", max_url_length: int = 2048) -> 
         knobs["HANDLERS"] = ref
     rate = _politeness(top.get("politeness"), knobs)
     limits = _limits(top.get("limits"), knobs)
+    _session(top.get("session"), knobs)
+    _proxies(top.get("proxies"), knobs)
     priority = top.get("priority", "normal")
     if priority not in PRIORITIES:
         raise BadJob("priority", f"expected one of {', '.join(PRIORITIES)}, got {priority!r}")
@@ -179,6 +203,7 @@ def parse_job(data: Any, *, base_dir: str = ".", max_url_length: int = 2048) -> 
             _KNOB[env].parse(raw)
         except ValueError as exc:
             raise BadJob(_where(env), str(exc)) from None
+    check_identity(knobs, {env: _where(env) for env in ("PROXY_URLS", "SESSION_LOGIN")})
     if not (seeds or sitemaps):
         raise BadJob("seeds", "a job needs at least one seed URL, file or sitemap")
     description = top.get("description", "")
@@ -193,7 +218,9 @@ _FIELD_OF = {"CRAWL_ENABLED": "crawl", "CRAWL_MAX_DEPTH": "crawl.max_depth",
              "CRAWL_ALLOWED_DOMAINS": "crawl.allowed_domains",
              "CRAWL_MAX_PAGES_PER_DOMAIN": "crawl.max_pages_per_domain",
              "CRAWL_NOFOLLOW": "crawl.nofollow", "EXTRACT_RULES": "rules",
-             "HANDLERS": "handlers", "ROBOTS_ENABLED": "politeness.robots"}
+             "HANDLERS": "handlers", "ROBOTS_ENABLED": "politeness.robots",
+             **{env: f"session.{key}" for key, env in SESSION_FIELDS.items()},
+             "PROXY_URLS": "proxies.urls", "PROXY_ROTATION": "proxies.rotation"}
 
 
 def _where(env: str) -> str:

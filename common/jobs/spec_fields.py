@@ -16,6 +16,8 @@ from common.core.config import KNOBS
 from common.core.errors import ConfigError, InvalidURL
 from common.core.urls import canonicalize
 from common.core.values import parse_duration, parse_size
+from common.web.login import parse_login
+from common.web.proxies import parse_proxy_urls
 
 _KNOB = {knob.env: knob for knob in KNOBS}
 MAX_SEEDS = 1_000_000
@@ -240,3 +242,66 @@ def _webhooks(value: Any) -> tuple[str, ...]:
             raise BadJob(f"webhooks[{i}]", "expected an http or https URL")
         out.append(url)
     return tuple(out)
+
+
+#: ``session:`` key -> the setting it sets (docs/real-web.md).
+SESSION_FIELDS = {"cookies": "COOKIES_ENABLED", "pool": "SESSION_POOL_SIZE",
+                  "retire_statuses": "SESSION_RETIRE_STATUSES",
+                  "max_retires": "SESSION_MAX_RETIRES", "max_uses": "SESSION_MAX_USES",
+                  "login": "SESSION_LOGIN"}
+
+
+def _session(value: Any, knobs: dict[str, str]) -> None:
+    """``session: {cookies, pool, retire_statuses, max_retires, max_uses, login}``."""
+    if value is None:
+        return
+    session = _mapping(value, "session")
+    _known(session, set(SESSION_FIELDS), "session")
+    for key, env in SESSION_FIELDS.items():
+        if key not in session:
+            continue
+        raw, where = session[key], f"session.{key}"
+        if key == "retire_statuses":
+            knobs[env] = ",".join(_scalar_text(s, where) for s in _list(raw, where))
+        elif key == "login":
+            if raw is not None and not isinstance(raw, dict | str):
+                raise BadJob(where, "expected a mapping (url, fields, form, success)")
+            knobs[env] = json.dumps(raw, ensure_ascii=False) if isinstance(raw, dict) else \
+                (raw or "")
+        else:
+            knobs[env] = _scalar_text(raw, where)
+
+
+def _proxies(value: Any, knobs: dict[str, str]) -> None:
+    """``proxies: {urls: [...], rotation: request|session}``; ``false``: direct."""
+    if value is None:
+        return
+    if value is False:
+        knobs["PROXY_URLS"] = ""
+        return
+    proxies = _mapping(value, "proxies")
+    _known(proxies, {"urls", "rotation"}, "proxies")
+    if "urls" in proxies:
+        urls = _list(proxies["urls"], "proxies.urls")
+        if not all(isinstance(u, str) for u in urls):
+            raise BadJob("proxies.urls", "expected proxy URLs")
+        knobs["PROXY_URLS"] = ",".join(u.strip() for u in urls)
+    if "rotation" in proxies:
+        knobs["PROXY_ROTATION"] = _scalar_text(proxies["rotation"], "proxies.rotation")
+
+
+def check_identity(knobs: dict[str, str], where_of: dict[str, str]) -> None:
+    """Proxy URLs and a login checked as the workers will read them: errors show a proxy
+    redacted and never a login's value; a login's ``{env}``/``{file}`` are read by the
+    workers, not here (the machine submitting may not hold the secrets)."""
+    if knobs.get("PROXY_URLS"):
+        try:
+            parse_proxy_urls(knobs["PROXY_URLS"])
+        except ValueError as exc:
+            raise BadJob(where_of.get("PROXY_URLS", "settings.PROXY_URLS"), str(exc)) from None
+    if knobs.get("SESSION_LOGIN"):
+        try:
+            parse_login(knobs["SESSION_LOGIN"], resolve=False)
+        except (ConfigError, ValueError) as exc:
+            raise BadJob(where_of.get("SESSION_LOGIN", "settings.SESSION_LOGIN"),
+                         str(exc)) from None

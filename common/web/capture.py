@@ -7,6 +7,11 @@ grow memory without end: past the cap the transfer stops and the page is marked 
 through libcurl's debug callback (VERBOSE on, nothing printed), the request headers as sent.
 Each hop becomes an :class:`Exchange` for common/work/archive.py. With ARCHIVE=none none of this
 runs: the plain Transfer, no debug callback, no copy.
+
+Secrets do not reach the archive: each cookie's value in the request's ``Cookie`` header and
+the response's ``Set-Cookie`` headers is replaced by ``[redacted]`` (the names and attributes
+kept), unless ARCHIVE_KEEP_COOKIES=true keeps them as they went over the wire (a faithful
+replay; the files then hold live sessions). A ``Proxy-Authorization`` value is always redacted.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from common.core.urls import without_credentials
 from common.web.curl import Transfer
 
 _ABORT = 0
+REDACTED = b"[redacted]"
 _BLANK = (b"\r\n", b"\n")
 #: Transfer.stop -> the WARC-Truncated reason of the hop's record.
 _CUT = {"truncated": "length", "redirect": "unspecified", "content_type": "unspecified"}
@@ -89,7 +95,14 @@ class ArchivingTransfer(Transfer):
         ip = curl.getinfo(pycurl.PRIMARY_IP) or None
         head = self.raw_head if self.stop != "redirect" else [_no_credentials(line)
                                                                for line in self.raw_head]
-        return Exchange(url, self.request, b"".join(head),
+        request = self.request
+        if not self.fetcher.settings.archive_keep_cookies:
+            head = [_no_cookie_values(line) for line in head]
+            request = b"\r\n".join(_no_cookie_values(line) for line in request.split(b"\r\n"))
+        elif b"roxy-" in request:
+            request = b"\r\n".join(_no_proxy_credentials(line)
+                                    for line in request.split(b"\r\n"))
+        return Exchange(url, request, b"".join(head),
                         b"" if cut == "unspecified" else b"".join(self.raw), ip, sent_at, cut)
 
 
@@ -99,3 +112,35 @@ def _no_credentials(line: bytes) -> bytes:
         return line
     value = line[9:].decode("latin-1").strip()
     return b"Location: " + without_credentials(value).encode("latin-1") + b"\r\n"
+
+
+def _no_cookie_values(line: bytes) -> bytes:
+    """A Cookie or Set-Cookie line with each value ``[redacted]`` (names and attributes kept),
+    a Proxy-Authorization line with none; any other line as it is."""
+    name, colon, value = line.partition(b":")
+    lowered = name.strip().lower()
+    if not colon or lowered not in (b"cookie", b"set-cookie", b"proxy-authorization"):
+        return line
+    end = b"\r\n" if value.endswith(b"\r\n") else b""
+    value = value[:-2] if end else value
+    if lowered == b"proxy-authorization":
+        return name + b": " + REDACTED + end
+    if lowered == b"cookie":
+        pairs = [_masked(pair) for pair in value.split(b";")]
+    else:  # the first pair is the cookie, the rest its attributes
+        first, _, attrs = value.partition(b";")
+        pairs = [_masked(first), *([attrs] if attrs else [])]
+    return name + b":" + b";".join(pairs) + end
+
+
+def _no_proxy_credentials(line: bytes) -> bytes:
+    if line.partition(b":")[0].strip().lower() != b"proxy-authorization":
+        return line
+    return _no_cookie_values(line)
+
+
+def _masked(pair: bytes) -> bytes:
+    """``" name=value"`` -> ``" name=[redacted]"``; a pair without ``=`` is all value."""
+    lead = pair[:len(pair) - len(pair.lstrip())]
+    key, equals, _value = pair.strip().partition(b"=")
+    return lead + (key + b"=" + REDACTED if equals else REDACTED)

@@ -9,7 +9,8 @@ may be acked. The journey is :data:`common.work.steps.STEPS`, one module each:
 3. **Wait**     a message early for its ``not_before`` parked again, or slept out;
 4. **Robots**   robots.txt asked (ROBOTS_ENABLED): disallowed, unavailable, or on;
 5. **Admit**    the rate-limit turn and the cache, one Redis call: park, a cached page, go;
-6. **Fetch**    one GET (the message's headers under a revisit's conditional ones);
+6. **Fetch**    one GET (the message's headers under a revisit's conditional ones), with the
+                page's cookies and proxy (common/work/identities.py);
 7. **Archive**  the exchange into the WARC file (ARCHIVE=warc);
 8. **HandOff**  a 304, or a redirect to another origin handed to the producer path: recorded;
 9. **Classify** an error status retried or dead-lettered;
@@ -24,8 +25,9 @@ What a step learns travels on the delivery's :class:`~common.work.steps.trip.Tri
 from step to step. Each
 stage is entered on the delivery's :class:`~common.work.poison.Progress`, so a worker that dies
 on a page leaves the stage behind, and a page stuck in parse ends the worker. Hot path: two
-Redis round trips (Admit's script, Record's script), the loop's other tasks running during
-both; robots rules come from the worker's memory once known.
+Redis round trips (Admit's script, Record's script), and with cookies on (the default) a
+third, the session's jar read before the fetch (common/web/sessions.py), the loop's other
+tasks running during each; robots rules come from the worker's memory once known.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from common.web.ratelimit import RateLimiter
 from common.web.robots import robots_fetcher
 from common.work.expired import release_expired
 from common.work.giving_up import GivingUp
+from common.work.identities import Identities
 from common.work.job_book import JobBook
 from common.work.outcome import Outcome
 from common.work.poison import PoisonGuard, StuckWatch
@@ -95,7 +98,8 @@ class Processor:
         self.wait = Wait.from_settings(settings, jobs)
         self.robots = Robots(self.gate, jobs)
         self.admit = Admit.from_settings(settings, limiter, results, give_up, client, jobs)
-        self.fetch = Fetch(self.fetcher, limiter)
+        self.identities = Identities(settings, client, jobs, self.fetcher)  # cookies, proxies
+        self.fetch = Fetch(self.fetcher, limiter, self.identities)
         self.archive = Archive.from_settings(settings)
         self.hand_off = HandOff.from_settings(settings, Redirects(settings, client, follower),
                                               results, jobs)
@@ -153,6 +157,7 @@ class Processor:
         """Close what the steps opened: fetch handles, the user code's processes, producers."""
         self.watch.stop()
         self.read.close()
+        self.identities.flush()
         self.fetcher.close()
         if self.gate is not None:
             self.gate.fetcher.close()

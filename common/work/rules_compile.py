@@ -1,6 +1,7 @@
 """Compile what a rules file (EXTRACT_RULES, :mod:`common.work.rules_file`) names, at start.
 
-CSS selectors through parsel's translator into XPath, every XPath by lxml, user regexes with
+CSS selectors through parsel's translator into XPath, every XPath by lxml, a rule's proxies by
+common/web/proxies.py's parser (credentials redacted in errors), user regexes with
 the ``regex`` module (searched within the page's budget: :mod:`common.work.user_regex`). Each
 mistake is a :class:`ConfigError` naming ``where`` (the rule) and ``label`` (the field).
 """
@@ -15,8 +16,9 @@ from lxml import etree
 from parsel.csstranslator import HTMLTranslator
 
 from common.core.errors import ConfigError
+from common.web.proxies import parse_proxy_urls
 
-__all__ = ["compile_css", "compile_regex", "compile_xpath"]
+__all__ = ["compile_css", "compile_proxies", "compile_regex", "compile_xpath"]
 
 _translator = HTMLTranslator()
 
@@ -57,3 +59,22 @@ def compile_regex(pattern: Any, where: str, label: str) -> regex.Pattern[str] | 
     except (regex.error, ValueError, OverflowError) as exc:
         raise ConfigError(f"EXTRACT_RULES {where} {label}: regex {pattern!r} does not "
                           f"compile: {exc}") from None
+
+
+def compile_proxies(value: Any, where: str) -> tuple[str, ...]:
+    """A rule's ``proxies``: a list of proxy URLs (or one), checked; ``false``: () (direct).
+    A mistake names the entry with its credentials redacted (never a password)."""
+    if value is False:
+        return ()
+    urls = [value] if isinstance(value, str) else value
+    if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
+        raise ConfigError(f"EXTRACT_RULES {where} proxies: expected a list of proxy URLs "
+                          f"or false")
+    try:
+        parsed = parse_proxy_urls(",".join(urls))
+    except ValueError as exc:
+        raise ConfigError(f"EXTRACT_RULES {where} proxies: {exc}") from None
+    if not parsed:
+        raise ConfigError(f"EXTRACT_RULES {where} proxies: expected a list of proxy URLs "
+                          f"or false")
+    return parsed

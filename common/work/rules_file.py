@@ -12,6 +12,8 @@ loads) or inline JSON. Top level: a list of rules, or ``{"rules": [...]}``. A ru
     follow: {allow: [REGEX], deny: [REGEX], css: AREA, xpath: AREA, nofollow: true,
              depth: 3, priority: false, domains: [shop.example]}   # crawl mode; or false
     handler: product        # HANDLERS' handler for the rule's pages (Rule.handler)
+    cookies: false          # its pages get and keep no cookies (common/work/identities.py)
+    proxies: [http://p:3128]  # its pages go through these proxies; false: direct
 
 At least one of host/path/url; every one given must match; the first matching rule wins.
 A FIELD is a CSS selector string (its text), or a mapping: ``css`` or ``xpath``; ``get``
@@ -20,7 +22,8 @@ A FIELD is a CSS selector string (its text), or a mapping: ``css`` or ``xpath``;
 url); ``format`` (strptime, for a date); ``default``. ``get: main_text`` / ``markdown``
 (:mod:`common.work.content`, docs/content.md): the page's main content, boilerplate removed,
 or with ``css``/``xpath`` the first selected element's; only ``default`` may go with it, and
-not in ``items``. ``follow`` (crawl mode; :mod:`common.work.follow` says what each key does):
+not in ``items``. ``cookies`` and ``proxies`` are read before the fetch (the first rule matching
+the URL decides, as for extraction), only when some rule has one. ``follow`` (crawl mode; :mod:`common.work.follow` says what each key does):
 ``false`` follows nothing from the rule's pages. A rule may have only ``follow`` or
 ``handler``. Selectors and regexes are compiled here (:mod:`common.work.rules_compile`), so
 a page never pays for compiling and a typo stops the worker at once. Any error is a
@@ -45,13 +48,15 @@ import yaml
 from common.core.errors import ConfigError
 from common.core.urls import setting_host
 from common.work.rules_compile import compile_css as _css
+from common.work.rules_compile import compile_proxies as _proxies
 from common.work.rules_compile import compile_regex as _regex
 from common.work.rules_compile import compile_xpath as _xpath
 from common.work.user_regex import REGEX_TIMEOUTS, RegexBudget, RegexTimeout, rule_warnings
 from scrape_fleet.request import HANDLER_NAME
 
 TYPES = ("str", "int", "float", "decimal", "date", "bool", "url")
-RULE_KEYS = {"name", "host", "path", "url", "fields", "items", "follow", "handler"}
+RULE_KEYS = {"name", "host", "path", "url", "fields", "items", "follow", "handler", "cookies",
+             "proxies"}
 FIELD_KEYS = {"css", "xpath", "get", "many", "regex", "group", "type", "format", "default"}
 ITEMS_KEYS = {"selector", "css", "xpath", "fields", "name"}
 FOLLOW_KEYS = {"allow", "deny", "css", "xpath", "nofollow", "depth", "priority", "domains"}
@@ -108,6 +113,8 @@ class Rule:
     items: Items | None = None
     follow: Follow | None = None
     handler: str | None = None  # HANDLERS' handler for the pages it matches
+    cookies: bool | None = None  # False: no cookies for its pages (None: the job's setting)
+    proxies: tuple[str, ...] | None = None  # its pages' proxies; (): direct; None: the job's
 
     def matches(self, url: str, host: str, path: str, budget: RegexBudget | None = None
                 ) -> bool:
@@ -187,13 +194,16 @@ def _rule(spec: Any, n: int) -> Rule:
     if handler is not None and not (isinstance(handler, str) and HANDLER_NAME.fullmatch(handler)):
         raise ConfigError(f"EXTRACT_RULES {where} handler: expected a name like product_page "
                           f"(letters, digits, _ . -; 64 at most), got {handler!r}")
+    if "cookies" in spec and not isinstance(spec["cookies"], bool):
+        raise ConfigError(f"EXTRACT_RULES {where} cookies: expected true or false")
     fields = _fields(spec.get("fields"), where, required=spec.get("items") is None
-                     and "follow" not in spec and handler is None)
+                     and not {"follow", "cookies", "proxies"} & set(spec) and handler is None)
     items = _items(spec["items"], where) if spec.get("items") is not None else None
     follow = _follow(spec["follow"], where) if "follow" in spec else None
     return Rule(name=name, host=host, path=_regex(spec.get("path"), where, "path"),
                 url=_regex(spec.get("url"), where, "url"), fields=fields, items=items,
-                follow=follow, handler=handler)
+                follow=follow, handler=handler, cookies=spec.get("cookies"),
+                proxies=_proxies(spec["proxies"], where) if "proxies" in spec else None)
 
 
 def _follow(spec: Any, where: str) -> Follow:

@@ -1,10 +1,15 @@
-"""Fetch: one GET, with the message's own headers under a revisit's conditional ones.
+"""Fetch: one GET, with the message's own headers under a revisit's conditional ones, as the
+page's identity: its session's cookies and its proxy (common/work/identities.py).
 
 Redirects on the URL's own origin that robots.txt allows are followed by the fetcher; any
 other hop ends the fetch with the 3xx as its response (common/work/redirects.py). The
 domain's throttle is told how the site answered (common/web/throttle.py). A fetch that fails
 is retried (timeout, connection) or dead-lettered (blocked, too many redirects...) with its
 permit re-timed to when the request was sent. A cached response is not fetched again.
+
+Before the fetch the page's identity is chosen (a session login elsewhere parks the URL);
+after it the jar is saved when the page changed it, and with a session pool a blocking
+answer retires the session and parks the URL to be tried on another.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from common.web.fetch import Fetcher
 from common.web.ratelimit import RateLimiter
 from common.web.robots import RobotsRules, origin_of
 from common.work import metrics
-from common.work.outcome import DeadLetter, Failure, Retry
+from common.work.identities import Identities
+from common.work.outcome import DeadLetter, Failure, Park, Retry
 from common.work.revisit import request_headers
 from common.work.steps.trip import Trip
 
@@ -34,24 +40,36 @@ def _same_origin_allowed(url: str, rules: RobotsRules | None, target: str) -> bo
 
 
 class Fetch:
-    def __init__(self, fetcher: Fetcher, limiter: RateLimiter) -> None:
+    def __init__(self, fetcher: Fetcher, limiter: RateLimiter,
+                 identities: Identities | None = None) -> None:
         self.fetcher = fetcher
         self.limiter = limiter
+        self.identities = identities  # None: every page fetched as no one, directly
 
-    def fetch_page(self, trip: Trip) -> Retry | DeadLetter | None:
+    def fetch_page(self, trip: Trip) -> Park | Retry | DeadLetter | None:
         """Set ``trip.response`` and ``trip.retime``; retry or dead-letter a failed fetch."""
         if trip.cached:
             return None
         url = trip.url
         trip.progress.enter("fetch")
+        chosen = self.identities.begin(trip) if self.identities is not None else None
+        if chosen is not None and not isinstance(chosen, tuple):
+            return chosen  # a login elsewhere (park), or one that failed
+        identity, visit = chosen if chosen is not None else (None, None)
+        trip.identified = identity is not None and identity.cookies is not None
         follow = follow_rule(url, trip.rules)
         headers = request_headers(trip.message, trip.headers)
         try:
-            response = self.fetcher.fetch(url, headers=headers, follow=follow)
+            response = self.fetcher.fetch(url, headers=headers, follow=follow,
+                                          identity=identity)
         except FetchError as exc:
+            if visit is not None:
+                self.identities.settle(trip, visit, None, exc)
             retime = Retime(trip.admission.permit, exc.sent_at)
             failure = Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")
             return Retry(failure, retime) if exc.transient else DeadLetter(failure, retime)
+        if visit is not None and (end := self.identities.settle(trip, visit, response)):
+            return end  # its session retired: tried again on another
         metrics.FETCH_SECONDS.observe(response.elapsed_ms / 1000)
         metrics.FETCH_BYTES.inc(len(response.body))
         self.limiter.throttle.observe(trip.domain, response)  # told at the next admit

@@ -11,6 +11,7 @@ credentials removed; a worker killed with kill -9 mid-crawl loses no URL.
 
 from __future__ import annotations
 
+import json
 import signal
 from collections import Counter
 from collections.abc import Iterator
@@ -145,3 +146,43 @@ def test_a_proxy_and_a_worker_killed_mid_crawl_lose_no_url(
           f"{stats[proxy_id(doomed.url)]['failed']} times; "
           f"{sum(fetched.values()) - PAGES} pages fetched twice after the kill -9")
 
+
+
+def test_a_rules_own_proxies_or_none_replace_the_fleets_for_its_pages(
+        settings: Settings, redis_client: redis.Redis, own_sites: list[TestSite],
+        proxies: tuple[TinyProxy, TinyProxy]) -> None:
+    site = _own_site(own_sites)
+    one, two = proxies
+    rules = [{"name": "hundreds", "path": r"^/page/1\d\d$", "proxies": [two.url]},
+             {"name": "units", "path": r"^/page/\d$", "proxies": False}]
+    urls = [site.page_url(n) for n in range(1, PAGES + 1)]
+    _seed(settings, redis_client, urls)
+    workers = _workers(settings, 2, {"PROXY_URLS": one.url, "EXTRACT_RULES": json.dumps(rules)})
+    wait_workers_ok(workers, 180)
+
+    by_url = _by_url(redis_client)
+    assert set(by_url) == set(urls)
+    way = {n: by_url[site.page_url(n)].get("proxy") for n in range(1, PAGES + 1)}
+    assert {way[n] for n in range(100, 200)} == {two.url}
+    assert {way[n] for n in range(1, 10)} == {None}  # direct
+    assert {way[n] for n in [*range(10, 100), 200]} == {f"http://crawler:***@127.0.0.1:{one.port}"}
+    assert (_pages(one, site), _pages(two, site)) == (91, 100)
+    _no_secret(redis_client, workers)
+
+
+def test_sticky_rotation_keeps_a_session_on_one_proxy_across_workers(
+        settings: Settings, redis_client: redis.Redis, own_sites: list[TestSite],
+        proxies: tuple[TinyProxy, TinyProxy]) -> None:
+    site = _own_site(own_sites)
+    one, two = proxies
+    urls = [site.page_url(n) for n in range(1, 61)]
+    _seed(settings, redis_client, urls)
+    workers = _workers(settings, 2, {"PROXY_URLS": f"{one.url},{two.url}",
+                                     "PROXY_ROTATION": "session"})
+    wait_workers_ok(workers, 180)
+
+    by_url = _by_url(redis_client)
+    assert set(by_url) == set(urls)
+    assert {record["worker"] for record in by_url.values()} == {"px-w0", "px-w1"}
+    assert len({record["proxy"] for record in by_url.values()}) == 1  # one session, one proxy
+    assert sorted([_pages(one, site), _pages(two, site)]) == [0, 60]

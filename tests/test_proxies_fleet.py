@@ -15,6 +15,7 @@ import json
 import signal
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -26,6 +27,7 @@ from devtools.nginx_site import free_port
 from devtools.proxies import TinyProxy
 from devtools.testsite import TestSite, start_sites
 from tests.helpers import output_of, results, start_worker_process, wait_for, wait_workers_ok
+from tests.test_jobs_fleet import Fleet
 
 pytestmark = pytest.mark.slow
 
@@ -186,3 +188,30 @@ def test_sticky_rotation_keeps_a_session_on_one_proxy_across_workers(
     assert {record["worker"] for record in by_url.values()} == {"px-w0", "px-w1"}
     assert len({record["proxy"] for record in by_url.values()}) == 1  # one session, one proxy
     assert sorted([_pages(one, site), _pages(two, site)]) == [0, 60]
+
+
+def test_a_jobs_own_proxies_carry_its_pages_while_the_fleets_carry_the_rest(
+        settings: Settings, redis_client: redis.Redis, own_sites: list[TestSite],
+        proxies: tuple[TinyProxy, TinyProxy], tmp_path: Path) -> None:
+    site = _own_site(own_sites)
+    one, two = proxies
+    fleet = Fleet(settings, redis_client, tmp_path)
+    try:
+        fleet.start(PROXY_URLS=one.url)
+        job_urls = [site.page_url(n) for n in range(1, 31)]
+        fleet.submit({"name": "proxied", "seeds": {"urls": job_urls}, "crawl": {"max_depth": 0},
+                      "proxies": {"urls": [two.url]}})
+        fleet_urls = [site.page_url(n) for n in range(31, 61)]
+        _seed(settings, redis_client, fleet_urls)
+        fleet.wait_state("proxied", "finished")
+        assert wait_for(lambda: len(results(redis_client)) >= 60, 60), fleet.logs()
+    finally:
+        fleet.stop()
+
+    records = results(redis_client)
+    assert sorted(r["url"] for r in records) == sorted(job_urls + fleet_urls)
+    assert {r["proxy"] for r in records if r.get("job") == "proxied"} == {two.url}
+    assert {r["proxy"] for r in records if r.get("job") != "proxied"} == {
+        f"http://crawler:***@127.0.0.1:{one.port}"}
+    assert (_pages(one, site), _pages(two, site)) == (30, 30)
+    _no_secret(redis_client, fleet.workers)

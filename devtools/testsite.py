@@ -15,6 +15,8 @@ Routes (``N``, ``CODE``, ``SECONDS``, ``KB`` are numbers; a query string is igno
     /busy/CODE[/SECONDS]  CODE (429, 503, ...), with a Retry-After header when SECONDS is given
     /flaky/KEY/N          503 for the first N requests for KEY (per site), then 200
     /big/KB               an HTML page of exactly KB * 1024 bytes
+    /encoded/ENC/N        /page/N sent with Content-Encoding ENC (gzip, deflate, br, zstd;
+                          identity: none), whatever the request's Accept-Encoding
 
 Extra routes: ``site.route("/path", handler)``; ``handler(request)`` gets the
 :class:`RequestRecord` and returns ``(status, headers, body_bytes)``.
@@ -37,10 +39,14 @@ import random
 import re
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
+
+import brotli
+import zstandard
 
 from devtools.services.base import Managed
 
@@ -357,6 +363,13 @@ class TestSite(Managed):
                     return _html(503, _small_page(503, f"flaky {arg}: try again"))
                 return _html(200, _document(f"Flaky {arg}", "Recovered.", self.url(path),
                                             f"<p>{arg} works now.</p>"))
+            elif kind == "encoded" and rest is not None and arg in ENCODERS:
+                n = int(rest)
+                if 1 <= n <= self.pages:
+                    status, headers, body = _html(200, self.page_html(n))
+                    if arg != "identity":
+                        headers["Content-Encoding"] = arg
+                    return status, headers, ENCODERS[arg](body)
             elif kind == "big" and rest is None:
                 kb = int(arg)
                 if 0 < kb <= MAX_BIG_KB:
@@ -367,9 +380,25 @@ class TestSite(Managed):
 
 
 _ROUTE_RE = re.compile(
-    r"/(?P<kind>page|status|slow|redirect|retry-after|busy|flaky|big)/(?P<arg>[^/]+)"
+    r"/(?P<kind>page|status|slow|redirect|retry-after|busy|flaky|big|encoded)/(?P<arg>[^/]+)"
     r"(?:/(?P<rest>[^/]+))?"
 )
+
+
+
+def _deflate(data: bytes, wbits: int) -> bytes:
+    compressor = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    return compressor.compress(data) + compressor.flush()
+
+
+#: /encoded/ENC/N's encoders, by Content-Encoding.
+ENCODERS: dict[str, Callable[[bytes], bytes]] = {
+    "identity": bytes,
+    "gzip": lambda data: _deflate(data, zlib.MAX_WBITS | 16),
+    "deflate": lambda data: _deflate(data, zlib.MAX_WBITS),
+    "br": lambda data: brotli.compress(data, quality=5),
+    "zstd": lambda data: zstandard.ZstdCompressor(level=3).compress(data),
+}
 
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
           "november oscar papa quebec romeo sierra tango uniform victor whiskey xray").split()

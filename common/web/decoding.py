@@ -104,30 +104,37 @@ class _Zlib:
         self.gzip = gzip
         self._wbits = zlib.MAX_WBITS | 16 if gzip else zlib.MAX_WBITS
         self._obj = zlib.decompressobj(self._wbits)
-        self._started = False
+        self._started = gzip  # deflate: once zlib has checked (or refused) its 2-byte header
+        self._head = b""  # deflate's first bytes, until then: replayed as a raw stream
         self._input = b""
+        self._full = False  # the last piece filled its size: more output may be held inside
 
     def push(self, data: bytes) -> None:
         self._input += data
 
     def pull(self, size: int) -> bytes | None:
         """At most ``size`` bytes."""
-        if not self._input:
+        if not self._input and not self._full:
             return None
+        if not self._started:
+            self._head += self._input
         try:
             piece = self._obj.decompress(self._input, size)
         except zlib.error as exc:
-            if self.gzip or self._started:
+            if self._started:
                 raise DecodeError(f"bad {'gzip' if self.gzip else 'deflate'} body: "
                                   f"{exc}") from None
             # 'deflate' without the zlib wrapper: start again as a raw stream.
             self._wbits = -zlib.MAX_WBITS
             self._obj = zlib.decompressobj(self._wbits)
+            self._started = True
             try:
-                piece = self._obj.decompress(self._input, size)
+                piece = self._obj.decompress(self._head, size)
             except zlib.error as exc:
                 raise DecodeError(f"bad deflate body: {exc}") from None
-        self._started = True
+        if not self._started and len(self._head) >= 2:
+            self._started, self._head = True, b""
+        self._full = len(piece) >= size and not self._obj.eof
         if self._obj.unconsumed_tail:  # only left when ``size`` was reached
             self._input = self._obj.unconsumed_tail
         elif self._obj.eof and self._obj.unused_data and self.gzip:
@@ -145,24 +152,30 @@ class _Brotli:
     def __init__(self) -> None:
         self._obj = brotli.Decompressor()
         self._input = b""
+        # The last piece filled its limit: output may be held inside (can_accept_more_data()
+        # only tells of input held back), so the next call goes on without input.
+        self._full = False
 
     def push(self, data: bytes) -> None:
         self._input += data
 
     def pull(self, size: int) -> bytes | None:
-        if self._obj.can_accept_more_data():
-            if not self._input:
-                return None
-            if self._obj.is_finished():
-                raise DecodeError(f"bad br body: {len(self._input)} bytes after the end "
-                                  "of the stream")
-            data, self._input = self._input, b""
+        if self._full or not self._obj.can_accept_more_data():
+            data = b""  # what the last call's limit held back comes out before more input
+        elif not self._input:
+            return None
+        elif self._obj.is_finished():
+            raise DecodeError(f"bad br body: {len(self._input)} bytes after the end "
+                              "of the stream")
         else:
-            data = b""  # output held back by the last call's limit: no input until it is out
+            data, self._input = self._input, b""
+        limit = min(size, BROTLI_STEP_BYTES)
         try:
-            return self._obj.process(data, output_buffer_limit=min(size, BROTLI_STEP_BYTES))
+            piece = self._obj.process(data, output_buffer_limit=limit)
         except brotli.error as exc:
             raise DecodeError(f"bad br body: {exc}") from None
+        self._full = len(piece) >= limit and not self._obj.is_finished()
+        return piece
 
 
 class _Zstd:

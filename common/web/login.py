@@ -18,8 +18,7 @@ the form's own values (hidden inputs such as a CSRF token, the default submit bu
 fields over them and submits them to the form's action; the fetcher follows the 301/302/303
 with a GET and the jar keeps each hop's cookies. Field values are never logged, never in a
 repr and never in an exception: a wrong password is "success check failed", not the password.
-A hostile page costs little: the fetcher caps the body, a form with more than
-:data:`MAX_FORM_INPUTS` inputs is refused.
+A hostile page costs little: the fetcher caps the body, a form over MAX_FORM_INPUTS is refused.
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ from lxml.cssselect import CSSSelector
 
 from common.core.errors import ConfigError, FetchError, FleetError
 from common.core.redact import MASK, scrub
+from common.core.urls import domain_of
 from common.web.fetch import Fetcher, FetchResult, Identity
 
 __all__ = ["MAX_FORM_INPUTS", "LoginFailed", "LoginSpec", "log_in", "parse_login"]
@@ -56,7 +56,6 @@ MAX_SECRET_FILE_BYTES = 65536
 #: Forms of a page looked at (the login form among them; after login, the login form again).
 _MAX_FORMS = 100
 _KEYS = {"url", "form", "fields", "success", "method"}
-_SUCCESS_KEYS = {"css", "text", "status", "cookie"}
 _SUBMIT_TYPES = {"submit", "image"}
 #: Field names whose value must not be written in the spec itself.
 _SECRET_NAME = re.compile(r"pass|pwd|secret|token", re.I)
@@ -84,7 +83,10 @@ class LoginSpec:
         return (f"LoginSpec(url={_shown(self.url)!r}, form={self.form!r}, fields=[{fields}], "
                 f"success={self.success!r}, method={self.method!r})")
 
-    __str__ = __repr__
+    @property
+    def site(self) -> str:
+        """The site logged in to (its rate-limit domain): other sites' sessions never are."""
+        return domain_of(self.url)
 
 
 def parse_login(raw: str | Mapping[str, Any] | None, *, base_dir: str | None = None,
@@ -204,7 +206,7 @@ def _secret(kind: str, ref: str, where: str, base_dir: str | None) -> str:
         if ref not in os.environ:
             raise ConfigError(f"{where}: environment variable {ref} is not set")
         return os.environ[ref]
-    path = Path(base_dir or ".", ref) if not os.path.isabs(ref) else Path(ref)
+    path = Path(base_dir or ".", ref)  # an absolute ref stays itself
     try:
         with path.open("rb") as handle:
             data = handle.read(MAX_SECRET_FILE_BYTES + 1)
@@ -213,10 +215,9 @@ def _secret(kind: str, ref: str, where: str, base_dir: str | None) -> str:
     if len(data) > MAX_SECRET_FILE_BYTES:
         raise ConfigError(f"{where}: {path} is over {MAX_SECRET_FILE_BYTES} bytes")
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8").removesuffix("\n").removesuffix("\r")
     except UnicodeError:
         raise ConfigError(f"{where}: {path} is not UTF-8 text") from None
-    return text.removesuffix("\n").removesuffix("\r")
 
 
 def _success(value: Any) -> dict[str, str | int]:
@@ -225,7 +226,7 @@ def _success(value: Any) -> dict[str, str | int]:
     checks: dict[str, str | int] = {}
     for key, given in (value or {}).items():
         where = f"login.success.{key}"
-        if key not in _SUCCESS_KEYS:
+        if key not in ("css", "cookie", "status", "text"):
             raise ConfigError(f"{where}: unknown check (known: css, cookie, status, text)")
         if key == "status":
             if isinstance(given, bool) or not isinstance(given, int) or not 100 <= given <= 599:
@@ -341,8 +342,7 @@ def _check(result: FetchResult, spec: LoginSpec, identity: Identity,
         if doc is None or not _selector(str(checks["css"]), "login.success.css")(doc):
             return f"no element matches {checks['css']!r}"
     if "cookie" in checks:
-        name = str(checks["cookie"])
-        jar = identity.cookies
+        name, jar = str(checks["cookie"]), identity.cookies
         sent = [jar.header_for(url) or "" for url in (result.final_url, spec.url)] if jar else []
         names = {part.split("=", 1)[0].strip() for header in sent for part in header.split(";")}
         if name not in names:

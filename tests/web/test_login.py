@@ -180,6 +180,11 @@ def test_a_yaml_file_reads_a_secret_file_beside_it_without_its_trailing_newline(
     assert spec.fields == {"user": USER, "password": PASSWORD}
 
 
+def test_a_login_belongs_to_the_site_of_its_url():
+    spec = parse_login({"url": "https://Members.Example:8443/login"})
+    assert spec is not None and spec.site == "members.example"
+
+
 def test_a_job_mapping_is_read_like_the_setting(monkeypatch):
     monkeypatch.setenv("LOGIN_TEST_PASSWORD", PASSWORD)
     spec = parse_login({"url": "http://m.example/in",

@@ -23,6 +23,7 @@ import pytest
 
 from common.core.config import Settings
 from common.core.errors import ConfigError, FetchError
+from common.web.cookies import Jar
 from common.web.fetch import Fetcher, Identity
 from common.web.login import LoginFailed, LoginSpec, log_in, parse_login
 from devtools.testsite import RequestRecord, Response, TestSite
@@ -115,20 +116,11 @@ class MembersSite:
                             f"<a class='logout-hint'>signed in</a>{links}</body></html>").encode()
 
 
-class TinyJar:
-    """The CookieJar protocol in a few lines (name -> value, no domain/path rules): enough
-    for one site; the fleet's jar is common/web/cookies.py."""
-
-    def __init__(self) -> None:
-        self.cookies: dict[str, str] = {}
-
-    def header_for(self, url: str) -> str | None:
-        return "; ".join(f"{k}={v}" for k, v in self.cookies.items()) or None
-
-    def receive(self, url: str, set_cookies: list[str]) -> None:
-        for line in set_cookies:
-            name, _, value = line.split(";", 1)[0].partition("=")
-            self.cookies[name.strip()] = value.strip()
+def _cookie(jar: Jar, url: str, name: str) -> str | None:
+    """The value of the cookie ``name`` the jar would send to ``url``."""
+    sent = SimpleCookie()
+    sent.load(jar.header_for(url) or "")
+    return sent[name].value if name in sent else None
 
 
 @pytest.fixture
@@ -145,9 +137,9 @@ def members(site: TestSite, monkeypatch: pytest.MonkeyPatch) -> MembersSite:
     return MembersSite(site)
 
 
-def _failure(fetcher: Fetcher, spec: LoginSpec, jar: TinyJar | None = None) -> str:
+def _failure(fetcher: Fetcher, spec: LoginSpec, jar: Jar | None = None) -> str:
     with pytest.raises(LoginFailed) as info:
-        log_in(fetcher, Identity(cookies=jar or TinyJar()), spec)
+        log_in(fetcher, Identity(cookies=jar or Jar()), spec)
     assert PASSWORD not in str(info.value)
     return str(info.value)
 
@@ -260,7 +252,7 @@ def test_the_repr_of_a_spec_masks_every_field_value(monkeypatch):
 def test_a_login_fills_the_form_keeps_its_csrf_token_and_opens_the_members_pages(
         fetcher, members, site, caplog):
     caplog.set_level(logging.DEBUG)
-    jar = TinyJar()
+    jar = Jar()
     assert fetcher.fetch(members.member_urls()[1], identity=Identity(cookies=jar)).status == 403
     log_in(fetcher, Identity(cookies=jar), parse_login(members.spec()))
     [post] = members.login_posts()
@@ -270,7 +262,7 @@ def test_a_login_fills_the_form_keeps_its_csrf_token_and_opens_the_members_pages
                     "go": "Sign in"}
     assert post.headers["Referer"] == members.login_url
     assert post.headers["Content-Type"] == "application/x-www-form-urlencoded"
-    assert jar.cookies["member"] == members.sessions[0]  # set on the 302 hop
+    assert _cookie(jar, members.member_urls()[0], "member") == members.sessions[0]  # 302 hop
     for url in members.member_urls():
         assert fetcher.fetch(url, identity=Identity(cookies=jar)).status == 200, url
     assert fetcher.fetch(members.member_urls()[1]).status == 403  # without the jar
@@ -281,20 +273,20 @@ def test_a_wrong_password_fails_the_success_check_without_showing_it(
         fetcher, members, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG)
     monkeypatch.setenv("LOGIN_TEST_PASSWORD", "wrong-" + PASSWORD)
-    jar = TinyJar()
+    jar = Jar()
     reason = _failure(fetcher, parse_login(members.spec()), jar)
     assert "success check failed" in reason and "login form is still on the page" in reason
     assert "wrong-" not in reason and "wrong-" not in caplog.text
-    assert "member" not in jar.cookies and members.sessions == []
+    assert _cookie(jar, members.member_urls()[0], "member") is None and members.sessions == []
 
 
 @pytest.mark.parametrize("success", [
     {"css": "a.logout-hint"}, {"text": "signed in"}, {"status": 200}, {"cookie": "member"},
     {"css": "a.logout-hint", "text": "signed in", "status": 200, "cookie": "member"}])
 def test_each_success_check_holds_after_a_good_login(fetcher, members, success):
-    jar = TinyJar()
+    jar = Jar()
     log_in(fetcher, Identity(cookies=jar), parse_login(members.spec(success=success)))
-    assert jar.cookies["member"] == members.sessions[-1]
+    assert _cookie(jar, members.member_urls()[0], "member") == members.sessions[-1]
 
 
 @pytest.mark.parametrize(("success", "why"), [
@@ -309,7 +301,7 @@ def test_a_success_check_that_does_not_hold_fails_the_login(fetcher, members, su
 
 def test_the_form_can_be_chosen_by_selector_or_index(fetcher, members):
     for form in ("form#login", 0):
-        log_in(fetcher, Identity(cookies=TinyJar()), parse_login(members.spec(form=form)))
+        log_in(fetcher, Identity(cookies=Jar()), parse_login(members.spec(form=form)))
     assert len(members.sessions) == 2
     reason = _failure(fetcher, parse_login(members.spec(form=1)))  # the search form
     assert "success check failed" in reason
@@ -335,7 +327,7 @@ def test_a_failed_submit_fetch_never_shows_the_values_it_carried(fetcher, site, 
     spec = parse_login({"url": f"{site.base_url}/away",
                         "fields": {"user": USER, "password": {"env": "LOGIN_TEST_PASSWORD"}}})
     with pytest.raises(FetchError) as info:
-        log_in(fetcher, Identity(cookies=TinyJar()), spec)
+        log_in(fetcher, Identity(cookies=Jar()), spec)
     assert info.value.kind == "connection"
     assert "correct" not in str(info.value) and f":{closed}/in" in str(info.value)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -18,10 +19,22 @@ import pytest
 
 from common.core.config import Settings, load_settings
 from common.core.errors import ConfigError, FetchError
+from common.store.dedupe import DoneSet, SeenSet
+from common.store.keys import robots_key
+from common.store.results import ResultStore
 from common.web import trust
 from common.web.fetch import Fetcher
+from common.web.ratelimit import RateLimiter
+from common.web.robots import origin_of, robots_fetcher
+from common.work.giving_up import GivingUp
+from common.work.outcome import DeadLetter, Retry
+from common.work.poison import PoisonGuard
+from common.work.robots_gate import RobotsGate
+from common.work.steps.robots import Robots
 from devtools.nginx_site import NginxSite
 from devtools.tls import LEAF_HOST, WRONG_HOST, Pki, make_pki
+from tests.helpers import wait_for
+from tests.work.steps.conftest import failure_of, reason, trip_for
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 
@@ -161,7 +174,7 @@ def test_a_handshake_reset_stays_a_transient_connection_error(
     def serve() -> None:
         conn, _ = listener.accept()
         hellos.append(conn.recv(4096))
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         conn.close()  # linger 0: RST
 
     server = threading.Thread(target=serve, daemon=True)
@@ -269,3 +282,71 @@ def test_fetch_insecure_domains_fetches_without_checking_and_says_so(
     strict = make_fetcher()  # another host name for the same server is still checked
     assert _fetch_error(strict, good.url("/index.html", host="127.0.0.1")).kind == \
         "tls_certificate"
+
+
+# -- robots.txt behind a certificate problem (the worker's robots step) --------------------------
+
+
+def _giving_up(settings: Settings, client) -> GivingUp:
+    return GivingUp(settings, client, RateLimiter(client, settings),
+                    DoneSet(client, settings.seen_buckets), SeenSet(client, settings.seen_buckets),
+                    ResultStore(client, settings.results_maxlen),
+                    PoisonGuard(client, settings.poison_deliveries, settings.failures_ttl_s))
+
+
+def test_a_robots_txt_behind_an_untrusted_certificate_dead_letters_the_page_at_once(
+        settings, redis_client, good: NginxSite) -> None:
+    gate = RobotsGate(settings, redis_client, RateLimiter(redis_client, settings),
+                      robots_fetcher(settings))
+    try:
+        step = Robots(gate)
+        first, second = (trip_for(good.url(f"/page{n}.html")) for n in (1, 2))
+        ends = [step.ask_robots(first), step.ask_robots(second)]
+    finally:
+        gate.fetcher.close()
+
+    for end in ends:  # the second from the fleet's entry, without a fetch of its own
+        assert isinstance(end, DeadLetter)
+        assert failure_of(end) == "fetch_tls_certificate"
+        assert end.failure.error.startswith("tls_certificate: robots.txt: curl error 60: ")
+    outcome = _giving_up(settings, redis_client).settle(first, ends[0])
+    assert reason(outcome) == "fetch_tls_certificate"
+    assert outcome.publishes[0].headers["attempts"] == 1
+    ttl_ms = redis_client.pttl(robots_key(origin_of(good.url("/"))))
+    assert 0 < ttl_ms <= settings.retry_base_s * 1000
+
+
+def test_a_robots_txt_handshake_reset_retries_and_the_retry_asks_again(
+        settings, redis_client) -> None:
+    resets: list[int] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # closed by the test
+            conn.recv(4096)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+            resets.append(1)
+
+    threading.Thread(target=serve, daemon=True).start()
+    gate = RobotsGate(settings, redis_client, RateLimiter(redis_client, settings),
+                      robots_fetcher(settings))
+    try:
+        step = Robots(gate)
+        url = f"https://localhost:{port}/page.html"
+        end = step.ask_robots(trip_for(url))
+        assert isinstance(end, Retry) and failure_of(end) == "robots_unavailable"
+        assert end.failure.error.startswith("connection: ")
+        first_retry_s = settings.retry_base_s / 2  # the shortest first backoff
+        assert wait_for(lambda: redis_client.get(robots_key(origin_of(url))) is None,
+                        first_retry_s)
+        again = step.ask_robots(trip_for(url))
+    finally:
+        gate.fetcher.close()
+        listener.close()
+    assert isinstance(again, Retry) and len(resets) == 2  # robots.txt asked again

@@ -19,6 +19,7 @@ import pytest
 
 from common.core.config import Settings, load_settings
 from common.core.errors import ConfigError, FetchError
+from common.intake.sitemaps import SitemapReader
 from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import robots_key
 from common.store.results import ResultStore
@@ -38,6 +39,8 @@ from tests.work.steps.conftest import failure_of, reason, trip_for
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 
+#: /moved.html -> /index.html on the same site.
+REDIRECTS = "        location = /moved.html { return 301 /index.html; }\n"
 PAGE = b"<html><head><title>Trusted</title></head><body>hello</body></html>\n"
 
 
@@ -50,13 +53,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def docroot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("docroot")
     (root / "index.html").write_bytes(PAGE)
-    (root / "robots.txt").write_text("User-agent: *\nDisallow: /private/\n")
+    (root / "robots.txt").write_text("User-agent: *\nDisallow: /private/\n"
+                                     "Sitemap: /sitemap.xml\n")
     return root
 
 
 @pytest.fixture(scope="module")
 def good(pki: Pki, docroot: Path) -> Iterator[NginxSite]:
-    with NginxSite(docroot, tls=pki.leaf) as site:
+    with NginxSite(docroot, tls=pki.leaf, server_extra=REDIRECTS) as site:
         yield site
 
 
@@ -350,3 +354,37 @@ def test_a_robots_txt_handshake_reset_retries_and_the_retry_asks_again(
         gate.fetcher.close()
         listener.close()
     assert isinstance(again, Retry) and len(resets) == 2  # robots.txt asked again
+
+
+# -- the same trust for redirects and sitemaps ----------------------------------------------------
+
+
+def test_a_redirect_hop_is_checked_with_the_same_trust(
+        good: NginxSite, expired: NginxSite, pki: Pki, docroot: Path,
+        make_fetcher: Callable[..., Fetcher]) -> None:
+    fetcher = make_fetcher(fetch_ca_bundle=str(pki.ca_cert))
+    result = fetcher.fetch(good.url("/moved.html"))
+    assert (result.status, result.body, result.redirects) == (200, PAGE, 1)
+    assert result.tls_verified is True and result.http_version == "2"
+    away = f"        location = /away.html {{ return 302 {expired.url('/index.html')}; }}\n"
+    with NginxSite(docroot, tls=pki.leaf, server_extra=away) as bouncer:
+        error = _fetch_error(fetcher, bouncer.url("/away.html"))
+        assert bouncer.requests() == [("/away.html", 302)]  # the first hop was trusted
+    assert error.kind == "tls_certificate" and "expired" in str(error)
+
+
+def test_sitemaps_and_their_robots_txt_are_read_with_fetch_ca_bundle(
+        settings, redis_client, good: NginxSite, pki: Pki, docroot: Path) -> None:
+    (docroot / "sitemap.xml").write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+        f"<url><loc>{good.url('/index.html')}</loc></url></urlset>\n")
+    reader = SitemapReader(settings.with_overrides(fetch_ca_bundle=str(pki.ca_cert)),
+                           redis_client)
+    origin = good.base_url()
+    try:
+        assert reader.robots_sitemaps(origin) == [good.url("/sitemap.xml")]
+        sitemap = reader.read(good.url("/sitemap.xml"))
+    finally:
+        reader.fetcher.close()
+    assert [entry.url for entry in sitemap.pages] == [good.url("/index.html")]

@@ -35,7 +35,6 @@ _ZSTD_RATIO_SHIFT = 15
 ZSTD_MIN_SLICE_BYTES = 64
 #: RFC 9659 section 3: HTTP's zstd window is at most 8 MiB.
 ZSTD_MAX_WINDOW_BYTES = 8 * 1024 * 1024
-_ZSTD = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW_BYTES)
 
 
 class DecodeError(ValueError):
@@ -184,7 +183,9 @@ class _Zstd:
     ``size`` plus ~2 MiB, however dense the frames."""
 
     def __init__(self) -> None:
-        self._obj = _ZSTD.decompressobj(read_across_frames=True)
+        # One ZstdDecompressor each: its decompressobj()s share (and reset) its one context.
+        context = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW_BYTES)
+        self._obj = context.decompressobj(read_across_frames=True)
         self._input = memoryview(b"")
 
     def push(self, data: bytes) -> None:

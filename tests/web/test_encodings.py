@@ -120,6 +120,19 @@ def test_a_body_pulled_in_small_pieces_comes_out_whole_one_limit_at_a_time(encod
     assert b"".join(pieces) == PAGE and len(pieces) > len(PAGE) // 1000
 
 
+@pytest.mark.parametrize("encoding", sorted(ENCODE))
+def test_bodies_decoded_side_by_side_do_not_mix(encoding):
+    """A fetch loop interleaves the write callbacks of many transfers."""
+    other = PAGE.replace(b"Paragraph", b"Section!!")
+    bodies = [ENCODE[encoding](PAGE), ENCODE[encoding](other)]
+    decoders = [Decoder(_header(encoding)), Decoder(_header(encoding))]
+    out: list[list[bytes]] = [[], []]
+    for start in range(0, max(map(len, bodies)), 500):
+        for i in (0, 1):
+            out[i].append(decoders[i].decode(bodies[i][start:start + 500], 10 * MiB))
+    assert [b"".join(pieces) for pieces in out] == [PAGE, other]
+
+
 def test_zstd_frames_in_a_row_are_one_body_like_gzip_members():
     halves = PAGE[:10_000], PAGE[10_000:]
     frames = _zstd(halves[0], level=1) + _zstd(halves[1], level=19, write_content_size=False)

@@ -30,6 +30,7 @@ from common.broker import topology
 from common.core.config import Settings
 from common.core.urls import canonicalize
 from common.intake.producer import Producer
+from common.store.keys import SINKS
 from devtools.testsite import TestSite
 from tests.helpers import (
     REPO_ROOT,
@@ -87,6 +88,9 @@ class LoginFleet:
             assert PASSWORD not in " ".join(proc.args)  # env, never the command line
 
     def start_scheduler(self) -> None:
+        """``scheduler.py run`` (its job runner); a reader sink registered so that the
+        scheduler's own sink trims no result before the test reads it."""
+        self.client.sadd(SINKS, "login-test-reader")
         env = dict(self._plain_env(), WORKER_ID="login-jobs")
         log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen([sys.executable, "scheduler.py", "run"], cwd=REPO_ROOT, env=env,

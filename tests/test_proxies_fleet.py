@@ -59,6 +59,20 @@ def _pages(proxy: TinyProxy, site: TestSite) -> int:
     return sum(1 for _method, target in proxy.requests() if target.startswith(prefix))
 
 
+def _distinct(proxy: TinyProxy, site: TestSite) -> int:
+    """Pages of ``site`` that went through ``proxy`` (one fetched again counted once)."""
+    prefix = site.url("/page/")
+    return len({target for _method, target in proxy.requests() if target.startswith(prefix)})
+
+
+def _once_unless_retried(fetched: Counter[str], by_url: dict[str, dict], site: TestSite) -> None:
+    """Each page fetched, and more than once only when its record says it was retried (a
+    transient error after the request went out: a loaded machine's timeout)."""
+    assert len(fetched) == len(by_url)
+    again = {site.url(path) for path, times in fetched.items() if times > 1}
+    assert {url for url in again if by_url[url]["attempts"] == 1} == set(), fetched.most_common(3)
+
+
 def _workers(settings: Settings, n: int, env: dict[str, str], first: int = 0) -> list:
     return [start_worker_process(settings, "--idle-exit", "3", "--concurrency", "8",
                                  env={**env, "WORKER_ID": f"px-w{first + i}"})
@@ -96,9 +110,9 @@ def test_a_crawl_through_three_proxies_one_dead_loses_nothing_and_spreads_load(
     assert all(record["status"] == 200 for record in by_url.values())
     assert redis_client.xlen("failures") == 0
     fetched = Counter(r.path for r in site.log if r.path.startswith("/page/"))
-    assert len(fetched) == PAGES and set(fetched.values()) == {1}  # each page fetched once
+    _once_unless_retried(fetched, by_url, site)
     served = {one.port: _pages(one, site), two.port: _pages(two, site)}
-    assert sum(served.values()) == PAGES
+    assert sum(served.values()) == sum(fetched.values())
     assert min(served.values()) >= 0.3 * PAGES, served
     shown = {record["proxy"] for record in by_url.values()}
     assert shown == {f"http://crawler:***@127.0.0.1:{one.port}", two.url}
@@ -107,6 +121,7 @@ def test_a_crawl_through_three_proxies_one_dead_loses_nothing_and_spreads_load(
     assert stats[proxy_id(dead)].get("served", 0) == 0
     assert stats[proxy_id(dead)]["name"] == f"http://ghost:***@127.0.0.1:{dead.rsplit(':', 1)[1]}"
     assert stats[proxy_id(one.url)]["served"] + stats[proxy_id(two.url)]["served"] == PAGES
+    print(f"{sum(fetched.values()) - PAGES} pages fetched again after a transient error")
     _no_secret(redis_client, workers)
     print(f"{PAGES} pages: {served} through the healthy proxies (by port), "
           f"{stats[proxy_id(dead)]['failed']} failures on the dead one")
@@ -168,7 +183,9 @@ def test_a_rules_own_proxies_or_none_replace_the_fleets_for_its_pages(
     assert {way[n] for n in range(100, 200)} == {two.url}
     assert {way[n] for n in range(1, 10)} == {None}  # direct
     assert {way[n] for n in [*range(10, 100), 200]} == {f"http://crawler:***@127.0.0.1:{one.port}"}
-    assert (_pages(one, site), _pages(two, site)) == (91, 100)
+    _once_unless_retried(Counter(r.path for r in site.log if r.path.startswith("/page/")),
+                         by_url, site)
+    assert (_distinct(one, site), _distinct(two, site)) == (91, 100)
     _no_secret(redis_client, workers)
 
 
@@ -187,7 +204,7 @@ def test_sticky_rotation_keeps_a_session_on_one_proxy_across_workers(
     assert set(by_url) == set(urls)
     assert {record["worker"] for record in by_url.values()} == {"px-w0", "px-w1"}
     assert len({record["proxy"] for record in by_url.values()}) == 1  # one session, one proxy
-    assert sorted([_pages(one, site), _pages(two, site)]) == [0, 60]
+    assert sorted([_distinct(one, site), _distinct(two, site)]) == [0, 60]
 
 
 def test_a_jobs_own_proxies_carry_its_pages_while_the_fleets_carry_the_rest(
@@ -213,5 +230,5 @@ def test_a_jobs_own_proxies_carry_its_pages_while_the_fleets_carry_the_rest(
     assert {r["proxy"] for r in records if r.get("job") == "proxied"} == {two.url}
     assert {r["proxy"] for r in records if r.get("job") != "proxied"} == {
         f"http://crawler:***@127.0.0.1:{one.port}"}
-    assert (_pages(one, site), _pages(two, site)) == (30, 30)
+    assert (_distinct(one, site), _distinct(two, site)) == (30, 30)
     _no_secret(redis_client, fleet.workers)

@@ -203,3 +203,14 @@ def test_an_untrusted_certificate_dead_letters_at_once_and_a_replay_after_trusti
     assert _pages_logged(nginx, offset) == Counter(p for p in paths[-30:])
     with own_channel(settings) as channel:
         assert drain(channel, topology.FAILED_QUEUE) == []
+
+
+@pytest.mark.xfail(strict=True, reason="common/web/fetch.py (the lead's): the CA file is first "
+                   "built at the first fetch, so the worker starts and dead-letters every URL "
+                   "worker_error; Fetcher.__init__ calling trust.ca_file(settings) fixes it")
+def test_a_worker_with_an_unreadable_ca_bundle_refuses_to_start_naming_the_variable(
+        settings, run_cli, tmp_path):
+    started = run_cli("worker.py", "--idle-exit", "1",
+                      env={"FETCH_CA_BUNDLE": str(tmp_path / "nowhere.pem")}, timeout_s=60)
+    assert started.returncode != 0
+    assert "FETCH_CA_BUNDLE" in started.stderr and "consuming" not in started.stderr

@@ -7,6 +7,7 @@ address guard, asked of a recording proxy that never connects onward."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -76,6 +77,29 @@ def test_requests_are_spread_evenly_over_the_proxies(settings: Settings,
     pool = _pool(settings, redis_client)
     counts = Counter(pool.choose(POOL) for _ in range(300))
     assert counts == {A: 100, B: 100, C: 100}
+
+
+def test_threads_sharing_a_pool_still_get_an_even_round_robin(settings: Settings,
+                                                            redis_client: redis.Redis) -> None:
+    pool = _pool(settings, redis_client)
+    chosen: list[str | None] = []
+    lock = threading.Lock()
+
+    def pick() -> None:
+        mine = [pool.choose(POOL) for _ in range(3000)]
+        for proxy in mine:
+            pool.served(proxy)
+        with lock:
+            chosen.extend(mine)
+
+    threads = [threading.Thread(target=pick) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert Counter(chosen) == {A: 8000, B: 8000, C: 8000}
+    pool.flush()
+    assert sum(int(s["served"]) for s in read_stats(redis_client).values()) == 24000
 
 
 def test_a_sticky_key_keeps_its_proxy_and_keys_spread(settings: Settings,

@@ -41,6 +41,8 @@ MAX_COOKIE_BYTES = 4096
 #: no cookie's domain starts with it.
 META_PREFIX = "!"
 _DAY_S = 86_400
+_PARSED: dict[str, tuple[Cookie, float]] = {}  # stored JSON -> the cookie (see _parsed)
+_PARSED_MAX = 4096
 
 
 class _Response:
@@ -149,7 +151,7 @@ class Jar:
                 self.meta[key] = value
                 continue
             try:
-                cookie, created = _load(value)
+                cookie, created = _parsed(value)
             except (ValueError, KeyError, TypeError) as exc:
                 logger.warning("cookie jar field %r unreadable, dropped: %s", key[:200],
                                type(exc).__name__)
@@ -197,6 +199,18 @@ def _dump(cookie: Cookie, created: float) -> str:
     if rest:
         data["r"] = rest
     return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+
+def _parsed(text: str) -> tuple[Cookie, float]:
+    """A stored cookie, parsed once per worker: the pages of a site that sets cookies read the
+    same fields again and again (a jar only replaces its cookies, never changes one in place,
+    so one :class:`Cookie` may sit in many jars)."""
+    known = _PARSED.get(text)
+    if known is None:
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        known = _PARSED[text] = _load(text)
+    return known
 
 
 def _load(text: str) -> tuple[Cookie, float]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import redis
 
-from common.store.keys import cookie_jar_key, session_pool_key
+from common.store.keys import COUNTERS, cookie_jar_key, session_pool_key
 from common.web.cookies import Jar
 
 __all__ = ["Session", "SessionPool"]
@@ -56,15 +56,17 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return {gen, redis.call('HGETALL', ARGV[1] .. slot .. '.' .. gen)}
 """
 
-# KEYS[1] sessions:{job}|{site}  KEYS[2] the session's jar
+# KEYS[1] sessions:{job}|{site}  KEYS[2] the session's jar  KEYS[3] stats:counters
 # ARGV[1] the slot  ARGV[2] its generation. Retires the session if it is still the slot's
-# current one: the next generation (an empty jar, no uses). Returns 1 if it did, else 0.
+# current one: the next generation (an empty jar, no uses), counted ``sessions_retired``.
+# Returns 1 if it did, else 0.
 RETIRE_LUA = """
 local gen = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 if gen ~= tonumber(ARGV[2]) then return 0 end
 redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
 redis.call('HSET', KEYS[1], ARGV[1] .. ':uses', 0)
 redis.call('DEL', KEYS[2])
+redis.call('HINCRBY', KEYS[3], 'sessions_retired', 1)
 return 1
 """
 
@@ -170,5 +172,5 @@ class SessionPool:
         if not session.pooled:
             return False
         return self._retire(keys=[session_pool_key(session.job, session.site),
-                                  session.jar_key],
+                                  session.jar_key, COUNTERS],
                             args=[session.slot, session.generation]) == 1

@@ -25,7 +25,8 @@ With a pool (SESSION_POOL_SIZE), an answer whose status is in SESSION_RETIRE_STA
 the session and parks the URL to be tried again on another, counting ``session_retires`` in
 the message (kept on re-publish; MAX_RETRIES is not spent): after SESSION_MAX_RETIRES the
 status is the page's outcome as it would be without a pool. Cookie values never reach a log,
-a record or a dead-letter header: only cookie names, counts and session names do.
+a record or a dead-letter header: only cookie names, counts and session names do. Counted in
+``stats:counters``: ``sessions_retired``, ``session_logins``, ``session_logins_failed``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import redis
 from common.core.config import Settings
 from common.core.errors import ConfigError, FetchError
 from common.jobs.spec import DEFAULT_JOB
-from common.store.keys import session_login_key
+from common.store.keys import COUNTERS, session_login_key
 from common.web import multi
 from common.web.fetch import Fetcher, FetchResult, Identity
 from common.web.login import LoginFailed, LoginSpec, log_in, parse_login
@@ -229,6 +230,7 @@ class Identities:
                 logger.warning("session %s of %s: %s", session.name, session.site, why)
                 self._save_login(session, {"spec": digest, "ok": False, "at": time.time(),
                                            "why": why})
+                self.client.hincrby(COUNTERS, "session_logins_failed", 1)
                 return DeadLetter(Failure("login_failed", error=why))
             except FetchError as exc:
                 if exc.kind == "proxy" and visit.proxy is not None:
@@ -238,6 +240,7 @@ class Identities:
                 return Retry(failure) if exc.transient else \
                     DeadLetter(Failure("login_failed", error=failure.error))
             self._save_login(session, {"spec": digest, "ok": True, "at": time.time()})
+            self.client.hincrby(COUNTERS, "session_logins", 1)
             logger.info("session %s of %s logged in", session.name, session.site)
             return None
         finally:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from common.store.keys import cookie_jar_key, session_pool_key
+from common.store.keys import COUNTERS, cookie_jar_key, session_pool_key
 from common.web.sessions import SessionPool
 
 SITE = "shop.example"
@@ -126,6 +126,7 @@ def test_two_workers_retiring_the_same_session_retire_it_once(settings):
     for thread in threads:
         thread.join()
     assert sorted(results) == [False] * 7 + [True]
+    assert clients[0].hget(COUNTERS, "sessions_retired") == b"1"
     assert pools[0].open("job", SITE, pool_size=1).name == "0.1"
     for client in clients:
         client.close()

@@ -12,7 +12,7 @@ import pytest
 from common.core.errors import FetchError
 from common.jobs.registry import JobRef, JobRegistry
 from common.jobs.spec import parse_job
-from common.store.keys import cookie_jar_key, proxy_rest_key, session_login_key
+from common.store.keys import COUNTERS, cookie_jar_key, proxy_rest_key, session_login_key
 from common.web.fetch import Fetcher
 from common.web.proxies import proxy_id
 from common.work.identities import RETIRES_FIELD, Identities, Visit
@@ -164,6 +164,7 @@ def test_a_session_logs_in_once_before_its_first_page(make, site, monkeypatch):
         identity, _visit = identities.begin(_trip(site.page_url(n)))
         assert identity.cookies.header_for(site.page_url(n)) == "auth=ok"
     assert len(posts) == 1 and "csrf=t0k" in posts[0]
+    assert identities.client.hget(COUNTERS, "session_logins") == b"1"
 
 
 def test_pages_of_a_session_another_worker_is_logging_in_wait(make, site, monkeypatch,
@@ -185,6 +186,7 @@ def test_a_refused_login_dead_letters_the_page_and_is_not_tried_again_per_page(
         assert isinstance(end, DeadLetter) and end.failure.reason == "login_failed"
         assert "wrong" not in (end.failure.error or "")
     assert len(posts) == 1
+    assert redis_client.hget(COUNTERS, "session_logins_failed") == b"1"
     stored = redis_client.hgetall(cookie_jar_key("default", "127.0.0.1", "0.0"))
     assert b"wrong" not in b"".join(stored.values())
 

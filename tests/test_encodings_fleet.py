@@ -9,6 +9,9 @@ RabbitMQ and Redis crawling both with ARCHIVE=warc.
   127.0.0.1.
 * The re-parse tool reads the br responses back from the WARC (common/web/decoding.py's
   decode_body) to the very records the worker stored.
+
+Debian's nginx has no zstd module: zstd (with br, gzip and deflate) comes from the loopback
+test site's /encoded/ENC/N route, whose pages give a worker the records of the plain /page/N.
 """
 
 from __future__ import annotations
@@ -149,3 +152,28 @@ def test_a_brotli_site_crawled_by_a_worker_gives_the_records_of_its_plain_twin(
     for url in urls["br"]:
         base = bases["br"]
         assert _comparable(reparsed[url], base) == _comparable(records[url], base), url
+
+
+def test_zstd_gzip_and_br_pages_from_the_test_site_give_the_records_of_the_plain_pages(
+        settings, redis_client, site):
+    encodings = ("br", "zstd", "gzip", "deflate")
+    pages = (1, 2, 3)
+    plain = [site.page_url(n) for n in pages]
+    encoded = {(name, n): site.url(f"/encoded/{name}/{n}") for name in encodings for n in pages}
+    with Producer(settings, redis_client) as producer:
+        assert producer.submit(plain + list(encoded.values())).new == len(pages) * 5
+    with WorkerThread(settings.with_overrides(idle_exit_s=1.0, concurrency=4)) as worker:
+        assert worker.join(60) == 0
+    records = {r["url"]: r for r in results(redis_client)}
+    sent = {r.path: r.headers.get("Accept-Encoding") for r in site.log}
+    base = site.base_url.rstrip("/")
+    for (name, n), url in encoded.items():
+        assert sent[f"/encoded/{name}/{n}"] == "gzip, deflate, br, zstd"
+        page = _comparable(records[site.page_url(n)], base)
+        assert page["title"] == f"Page {n}" and page["bytes"] > 0
+        # Document-relative links resolve against /encoded/NAME/: to the same pages so sent.
+        got = _comparable(records[url], base)
+        got["links"] = [link.replace(f"BASE/encoded/{name}/", "BASE/page/")
+                        for link in got["links"]]
+        assert got == page, url
+        assert any(f"/encoded/{name}/" in link for link in records[url]["links"])

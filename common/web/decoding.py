@@ -11,7 +11,9 @@ brotli's ``output_buffer_limit`` (its buffer grows in blocks, so a piece may pas
 by one block: the surplus waits for the next call); zstandard has no output bound, so its
 input goes in slices small enough that even the densest blocks (128 KiB out of 4 bytes in)
 cannot inflate one slice past the budget by more than ~2 MiB. zstd windows are held to the
-8 MiB that RFC 9659 sets for HTTP, so a frame cannot make the decoder allocate 128 MiB.
+8 MiB that RFC 9659 sets for HTTP, so a frame cannot make the decoder allocate 128 MiB; a br
+stream's window is at most 16 MiB (RFC 7932), gzip's 32 KiB: that much memory per transfer
+being decoded, whatever the body's size.
 """
 
 from __future__ import annotations

@@ -14,6 +14,12 @@ free port. Options:
   text/html, text/plain and application/xml when the client offers ``br``.
 * ``gzip=True``: nginx's own gzip for the same types.
 * ``server_extra``: config text inserted in the ``server`` block (locations, headers...).
+* ``error_log_level``: nginx's (``info`` says more about TLS handshakes).
+
+:meth:`NginxSite.connections` counts the TCP connections clients opened (nginx's stub_status,
+served on a second, plain-HTTP port whose own connections are not counted): a client that
+gives up in the TLS handshake (libcurl refusing the certificate) sends no request, so the
+access log never shows it, but its connection is counted.
 
 The access log line is ``$status "$request"``: no cookie, no user agent, nothing a test did
 not ask for. :meth:`NginxSite.requests` reads it as ``(path, status)`` pairs (the path as
@@ -35,7 +41,8 @@ from types import TracebackType
 
 NGINX_BIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/usr/local/nginx/sbin")
 BROTLI_MODULE = Path("/usr/lib/nginx/modules/ngx_http_brotli_filter_module.so")
-COMPRESSED_TYPES = "text/html text/plain application/xml"
+#: Besides text/html, which nginx's charset, gzip and brotli filters always include.
+COMPRESSED_TYPES = "text/plain application/xml"
 _LOG_RE = re.compile(r'^(\d{3}) "(\S+) (\S+)(?: [^"]*)?"$')
 
 
@@ -68,12 +75,14 @@ class NginxSite:
         gzip: compress with nginx's gzip.
         server_extra: config text added inside the ``server`` block.
         port: the port (default: a free one).
+        error_log_level: nginx's error_log level.
         start_timeout_s: how long nginx may take to listen.
     """
 
     def __init__(self, root: Path | str, *, tls: tuple[Path | str, Path | str] | None = None,
                  brotli: bool = False, gzip: bool = False, server_extra: str = "",
-                 port: int | None = None, start_timeout_s: float = 10.0) -> None:
+                 port: int | None = None, error_log_level: str = "warn",
+                 start_timeout_s: float = 10.0) -> None:
         self.root = Path(root).resolve()
         self.tls = tls
         self.brotli = brotli
@@ -81,6 +90,9 @@ class NginxSite:
         self.server_extra = server_extra
         self.host = "127.0.0.1"
         self.port = port or free_port(self.host)
+        self.status_port = free_port(self.host)
+        self._status_reads = 0
+        self.error_log_level = error_log_level
         self.start_timeout_s = start_timeout_s
         self.binary = find_nginx()
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -139,7 +151,7 @@ class NginxSite:
             f"{modules}{user}"
             "worker_processes 1;\n"
             f"pid {work / 'nginx.pid'};\n"
-            f"error_log {self.error_log} warn;\n"
+            f"error_log {self.error_log} {self.error_log_level};\n"
             "events { worker_connections 1024; }\n"
             "http {\n"
             "    types { text/html html htm; application/xml xml; text/plain txt;\n"
@@ -160,6 +172,11 @@ class NginxSite:
             f"        root {self.root};\n"
             "        location / { }\n"
             f"{self.server_extra}\n"
+            "    }\n"
+            "    server {\n"
+            f"        listen {self.host}:{self.status_port};\n"
+            "        access_log off;\n"
+            "        location = /status { stub_status; }\n"
             "    }\n"
             "}\n")
 
@@ -239,6 +256,20 @@ class NginxSite:
             if match is not None:
                 found.append((match.group(3), int(match.group(1))))
         return found
+
+    def connections(self) -> int:
+        """TCP connections accepted on the site's port so far (the start-up probe included)."""
+        with socket.create_connection((self.host, self.status_port), timeout=5) as sock:
+            sock.sendall(b"GET /status HTTP/1.0\r\nHost: status\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+        self._status_reads += 1
+        match = re.search(rb"\n\s*(\d+) (\d+) (\d+)", answer)  # accepts handled requests
+        if match is None:
+            raise RuntimeError(f"nginx stub_status said {answer[:200]!r}")
+        # Every read of the status is a connection too: ours so far are not the site's.
+        return int(match.group(1)) - self._status_reads
 
     def _tail(self, lines: int = 10) -> str:
         try:

@@ -162,7 +162,7 @@ def test_an_untrusted_certificate_dead_letters_at_once_and_a_replay_after_trusti
         settings, redis_client, nginx, pki, docs, run_cli):
     _root, paths = docs
     seeded = [nginx.url(p) for p in paths[-30:]]
-    offset = nginx.log_offset()
+    offset, connections = nginx.log_offset(), nginx.connections()
     # RETRY_BASE_S long: a retry would not come back within the test, and the failed
     # robots.txt entry (kept RETRY_BASE_S) outlives it unless dlq replay deletes it.
     untrusting = _workers(settings, "tls-untrusted", {"RETRY_BASE_S": LONG_RETRY_BASE_S},
@@ -174,6 +174,9 @@ def test_an_untrusted_certificate_dead_letters_at_once_and_a_replay_after_trusti
         _stop(untrusting)
 
     assert nginx.requests(offset) == []  # no request ever got past the handshake
+    # One connection (robots.txt's, its certificate refused) for the whole origin: the
+    # fleet's "failed" entry answered for the 30 pages, none of them tried.
+    assert nginx.connections() - connections == 1
     assert results(redis_client) == []
     failures = _failures(redis_client)
     assert sorted(f["url"] for f in failures) == sorted(seeded)

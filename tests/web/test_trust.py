@@ -122,7 +122,7 @@ def test_the_expired_leaf_is_expired_and_the_wrong_host_leaf_names_another_host(
 
 def test_nginx_serves_the_directory_over_https_and_logs_path_and_status(
         good: NginxSite, pki: Pki) -> None:
-    offset = good.log_offset()
+    offset, connections = good.log_offset(), good.connections()
     done = subprocess.run(["curl", "-sS", "--http2", "--cacert", str(pki.ca_cert), "-o", "-",
                            "-w", "%{http_version} %{http_code}", good.url("/index.html"),
                            good.url("/missing.html")],
@@ -130,6 +130,7 @@ def test_nginx_serves_the_directory_over_https_and_logs_path_and_status(
     assert done.stdout.startswith(PAGE)
     assert done.stdout.endswith(b"2 404")
     assert good.requests(offset) == [("/index.html", 200), ("/missing.html", 404)]
+    assert good.connections() - connections == 1  # both over one HTTP/2 connection
 
 
 def test_nginx_compresses_with_brotli_when_asked(docroot: Path) -> None:
@@ -317,12 +318,14 @@ def test_a_robots_txt_behind_an_untrusted_certificate_dead_letters_the_page_at_o
         settings, redis_client, good: NginxSite) -> None:
     gate = RobotsGate(settings, redis_client, RateLimiter(redis_client, settings),
                       robots_fetcher(settings))
+    connections = good.connections()
     try:
         step = Robots(gate)
         first, second = (trip_for(good.url(f"/page{n}.html")) for n in (1, 2))
         ends = [step.ask_robots(first), step.ask_robots(second)]
     finally:
         gate.fetcher.close()
+    assert good.connections() - connections == 1  # one refused handshake for both
 
     for end in ends:  # the second from the fleet's entry, without a fetch of its own
         assert isinstance(end, DeadLetter)

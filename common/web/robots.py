@@ -25,10 +25,12 @@ for LOCAL_TTL_S, so robots costs no round trip on the hot path; expired entries 
 and all of them together stay within LOCAL_MAX_BYTES (measured per entry) and
 LOCAL_MAX_ORIGINS, the least recently used evicted first. The other entries are read from
 Redis each time: no worker believes a failure longer than the fleet does, and a replay that
-deleted it is seen at once. :meth:`RobotsStore.refresh` is the one place robots.txt is fetched and stored.
-Its caller hands it the fetch, and with it its own wait policy: a worker fetches only while it
-holds ``robots:lock:{origin}`` and parks the URL when that lock or a rate-limit permit is not to
-be had now; the sitemap reader sleeps until its permit is due. Either way the robots.txt
+deleted it is seen at once.
+
+:meth:`RobotsStore.refresh` is the one place robots.txt is fetched and stored. Its caller
+hands it the fetch, and with it its own wait policy: a worker fetches only while it holds
+``robots:lock:{origin}`` and parks the URL when that lock or a rate-limit permit is not to be
+had now; the sitemap reader sleeps until its permit is due. Either way the robots.txt
 request takes a rate-limit permit like any other request. A fetch the address guard refuses
 (kind ``blocked``) stores nothing: no request left, so nothing about the site is known.
 """

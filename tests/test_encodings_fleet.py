@@ -10,6 +10,8 @@ RabbitMQ and Redis crawling both with ARCHIVE=warc.
 * The re-parse tool reads the br responses back from the WARC (common/web/decoding.py's
   decode_body) to the very records the worker stored.
 
+Over HTTPS, HTTP/2's DATA frames carry the br stream as well (a Fetcher on its own).
+
 Debian's nginx has no zstd module: zstd (with br, gzip and deflate) comes from the loopback
 test site's /encoded/ENC/N route, whose pages give a worker the records of the plain /page/N.
 """
@@ -28,7 +30,9 @@ import pytest
 from warcio.archiveiterator import ArchiveIterator
 
 from common.intake.producer import Producer
+from common.web.fetch import Fetcher
 from devtools.nginx_site import NginxSite
+from devtools.tls import make_pki
 from tests.helpers import REPO_ROOT, TEST_ENV, WorkerThread, require_tool, results
 
 pytestmark = pytest.mark.slow
@@ -177,3 +181,19 @@ def test_zstd_gzip_and_br_pages_from_the_test_site_give_the_records_of_the_plain
                         for link in got["links"]]
         assert got == page, url
         assert any(f"/encoded/{name}/" in link for link in records[url]["links"])
+
+
+def test_brotli_over_https_and_http_2_decodes_to_the_file(settings, tmp_path):
+    require_tool("nginx", Path("/usr/sbin"))
+    paths = _write_site(tmp_path / "site")
+    pki = make_pki(tmp_path / "pki")
+    fetcher = Fetcher(settings.with_overrides(fetch_ca_bundle=str(pki.ca_cert)))
+    try:
+        with NginxSite(tmp_path / "site", tls=pki.leaf, brotli=True) as nginx:
+            for path in paths[:3]:
+                result = fetcher.fetch(nginx.url(path))
+                assert (result.status, result.http_version) == (200, "2")
+                assert result.headers.get("content-encoding") == "br"
+                assert result.body == (tmp_path / "site" / path[1:]).read_bytes()
+    finally:
+        fetcher.close()

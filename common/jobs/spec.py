@@ -191,7 +191,8 @@ def parse_job(data: Any, *, base_dir: str = ".", max_url_length: int = 2048) -> 
     priority = top.get("priority", "normal")
     if priority not in PRIORITIES:
         raise BadJob("priority", f"expected one of {', '.join(PRIORITIES)}, got {priority!r}")
-    for env, raw in _mapping(top.get("settings") or {}, "settings").items():
+    given = _mapping(top.get("settings") or {}, "settings")
+    for env, raw in given.items():
         if env not in JOB_KNOBS:
             raise BadJob(f"settings.{env}", "not a per-job setting (one of: "
                          + ", ".join(sorted(JOB_KNOBS)) + ")")
@@ -202,8 +203,8 @@ def parse_job(data: Any, *, base_dir: str = ".", max_url_length: int = 2048) -> 
         try:
             _KNOB[env].parse(raw)
         except ValueError as exc:
-            raise BadJob(_where(env), str(exc)) from None
-    check_identity(knobs, {env: _where(env) for env in ("PROXY_URLS", "SESSION_LOGIN")})
+            raise BadJob(_where(env, given), str(exc)) from None
+    check_identity(knobs, {env: _where(env, given) for env in ("PROXY_URLS", "SESSION_LOGIN")})
     if not (seeds or sitemaps):
         raise BadJob("seeds", "a job needs at least one seed URL, file or sitemap")
     description = top.get("description", "")
@@ -223,7 +224,8 @@ _FIELD_OF = {"CRAWL_ENABLED": "crawl", "CRAWL_MAX_DEPTH": "crawl.max_depth",
              "PROXY_URLS": "proxies.urls", "PROXY_ROTATION": "proxies.rotation"}
 
 
-def _where(env: str) -> str:
-    return _FIELD_OF.get(env, f"settings.{env}")
+def _where(env: str, given: Mapping[str, Any]) -> str:
+    """The job file's field that set ``env``: ``settings.ENV`` when given there."""
+    return f"settings.{env}" if env in given else _FIELD_OF.get(env, f"settings.{env}")
 
 

@@ -106,3 +106,49 @@ def test_a_jobs_page_settings_are_the_fleets_with_its_values_over_them():
             mine.record_max_links) == (True, 1, False, 7)
     assert mine.max_record_bytes == 70000  # not the job's: the fleet's
     assert parse_job({"name": "b", "seeds": SEED}).settings_for(fleet) is fleet
+
+
+@pytest.mark.parametrize(("job", "field", "says"), [
+    ({"session": {"pool": -1}}, "session.pool", ">= 0"),
+    ({"session": {"pool": [3]}}, "session.pool", "single value"),
+    ({"session": {"cookies": "perhaps"}}, "session.cookies", ""),
+    ({"session": {"retire_statuses": [200]}}, "session.retire_statuses", "400-599"),
+    ({"session": {"max_retires": 0}}, "session.max_retires", ""),
+    ({"session": {"cookie": False}}, "session.cookie", "unknown field"),
+    ({"session": {"login": {"url": "ftp://x.test/"}}}, "session.login", "login.url"),
+    ({"session": {"login": 5}}, "session.login", "mapping"),
+    ({"proxies": {"urls": ["ftp://u:pw-never-shown@p.test:21"]}}, "proxies.urls", "scheme"),
+    ({"proxies": {"rotation": "daily"}}, "proxies.rotation", "request, session"),
+    ({"proxies": {"url": ["http://p.test:3128"]}}, "proxies.url", "unknown field"),
+    ({"settings": {"PROXY_URLS": "http://u:pw-never-shown@p.test"}}, "settings.PROXY_URLS",
+     "port"),
+])
+def test_a_bad_session_or_proxy_field_is_refused_naming_it_and_no_credential(job, field, says):
+    with pytest.raises(BadJob) as caught:
+        parse_job({"name": "a", "seeds": SEED, **job})
+    assert caught.value.field == field
+    assert says in str(caught.value)
+    assert "pw-never-shown" not in str(caught.value)
+
+
+def test_a_jobs_session_and_proxies_are_its_own_settings():
+    fleet = load_settings({"PROXY_URLS": "http://fleet.test:3128"})
+    login = {"url": "https://shop.test/login",
+             "fields": {"user": "me", "password": {"env": "SHOP_PASSWORD"}}}
+    spec = parse_job({"name": "a", "seeds": SEED,
+                      "session": {"cookies": True, "pool": 3, "retire_statuses": [403, 429],
+                                  "max_retires": 2, "max_uses": 50, "login": login},
+                      "proxies": {"urls": ["http://u:secret@p.test:3128", "socks5h://q.test:1080"],
+                                  "rotation": "session"}})
+    mine = spec.settings_for(fleet)
+    assert (mine.cookies_enabled, mine.session_pool_size, mine.session_retire_statuses,
+            mine.session_max_retires, mine.session_max_uses) == (True, 3, (403, 429), 2, 50)
+    assert json.loads(mine.session_login) == login  # the secret's name, never its value
+    assert mine.proxy_urls == "http://u:secret@p.test:3128,socks5h://q.test:1080"
+    assert mine.proxy_rotation == "session"
+    assert spec.shown_knobs()["PROXY_URLS"] == "http://u:***@p.test:3128,socks5h://q.test:1080"
+    assert "secret" not in json.dumps(spec.shown_knobs())
+    assert parse_job({"name": "b", "seeds": SEED, "proxies": False}
+                     ).settings_for(fleet).proxy_urls == ""  # direct, whatever the fleet's
+    assert not parse_job({"name": "c", "seeds": SEED, "session": {"cookies": False}}
+                         ).settings_for(fleet).cookies_enabled

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.core.errors import FetchError
+from common.core.errors import ConfigError, FetchError
 from common.jobs.registry import JobRef, JobRegistry
 from common.jobs.spec import parse_job
 from common.store.keys import COUNTERS, cookie_jar_key, proxy_rest_key, session_login_key
@@ -18,6 +18,7 @@ from common.web.proxies import proxy_id
 from common.work.identities import RETIRES_FIELD, Identities, Visit
 from common.work.job_book import JobBook
 from common.work.outcome import DeadLetter, Park
+from common.work.rules_file import load_rules
 from tests.work.steps.conftest import response, trip_for
 
 PROXY = "http://127.0.0.1:9"  # nothing listens: only chosen, never used here
@@ -197,3 +198,18 @@ def test_a_visit_without_a_session_settles_without_redis(make, site):
     identity, visit = identities.begin(trip)
     assert isinstance(visit, Visit) and visit.session is None
     assert identities.settle(trip, visit, response(trip.url, status=403)) is None
+
+
+def test_a_rule_may_say_only_who_to_fetch_as_and_its_mistakes_are_named():
+    rules = load_rules(_rules({"host": "shop.test", "cookies": False},
+                              {"path": "^/p/", "proxies": "http://p.test:3128"},
+                              {"path": "^/d/", "proxies": False}))
+    assert [(r.cookies, r.proxies) for r in rules] == [
+        (False, None), (None, ("http://p.test:3128",)), (None, ())]
+    for bad, says in (({"host": "a.test", "cookies": "no"}, "cookies: expected true or false"),
+                      ({"host": "a.test", "proxies": []}, "proxies: expected a list"),
+                      ({"host": "a.test", "proxies": ["ftp://u:pw-never-shown@p.test:21"]},
+                       "proxies: proxy 'ftp://u:***@p.test:21'")):
+        with pytest.raises(ConfigError) as caught:
+            load_rules(_rules(bad))
+        assert says in str(caught.value) and "pw-never-shown" not in str(caught.value)

@@ -538,12 +538,13 @@ def test_gzip_and_deflate_bodies_are_decoded_whole(make_fetcher, site, encoding,
     result = make_fetcher().fetch(site.url("/t-fetch/encoded"))
     assert result.body == b"<p>one</p><p>two</p>" and not result.truncated
     [record] = site.log
-    assert record.headers.get("Accept-Encoding") == "gzip, deflate"
+    assert record.headers.get("Accept-Encoding") == "gzip, deflate, br, zstd"
 
 
 @pytest.mark.parametrize("encoding, body, message", [
     ("gzip", b"\x1f\x8b\x08\x00 certainly not gzip", "bad gzip body"),
-    ("br", b"\x0b\x02\x80<p>x</p>\x03", "unsupported Content-Encoding 'br'"),
+    ("br", b"\x0b\x02\x80<p>x</p>\x03\xff\xff", "bad br body"),
+    ("compress", b"\x1f\x9d\x90 lzw", "unsupported Content-Encoding 'compress'"),
 ])
 def test_an_undecodable_body_is_an_invalid_fetch(make_fetcher, site, encoding, body, message):
     site.route("/t-fetch/undecodable", _static(200, {"Content-Type": "text/html",

@@ -116,7 +116,7 @@ def test_a_gzip_body_is_kept_as_transferred_with_the_head_as_received(tmp_path):
     assert warc.get_header("WARC-Truncated") is None
     assert req_kind == "request" and sent.startswith(b"GET /gz?x=1 HTTP/1.1\r\n")
     assert b"\r\nUser-Agent: " + settings.user_agent.encode() + b"\r\n" in sent
-    assert b"\r\nAccept-Encoding: gzip, deflate\r\n" in sent
+    assert b"\r\nAccept-Encoding: gzip, deflate, br, zstd\r\n" in sent
     assert req.get_header("WARC-Concurrent-To") == warc.get_header("WARC-Record-ID")
     assert response.archive == {"file": _one_file(tmp_path).name, "offset": offset,
                                 "length": length}

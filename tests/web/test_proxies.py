@@ -7,6 +7,7 @@ address guard, asked of a recording proxy that never connects onward."""
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections import Counter
@@ -315,6 +316,16 @@ def test_a_proxy_asking_for_credentials_on_plain_http_is_a_proxy_error(
     proxy = f"http://127.0.0.1:{tinyproxy.port}"  # no credentials: tinyproxy answers 407
     error = _fetch_error(make_fetcher(), site.page_url(1), proxy)
     assert error.kind == "proxy"
+
+
+@pytest.mark.xfail(strict=True, reason="common/web/curl_errors.py (lead): a CONNECT the proxy "
+                   "never answers times out as kind timeout, so the hung proxy is never rested")
+def test_a_proxy_that_never_answers_a_tunnel_is_a_proxy_error(make_fetcher) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (backlog), never answers
+        proxy = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        fetcher = make_fetcher(fetch_total_timeout_s=1.5, read_timeout_s=1)
+        error = _fetch_error(fetcher, f"https://127.0.0.1:{free_port()}/", proxy)
+    assert error.kind == "proxy", error
 
 
 def test_the_guard_refuses_a_target_asked_of_a_proxy_and_the_proxy_hears_nothing(

@@ -12,8 +12,9 @@ URL (only when some rule has a ``cookies`` or ``proxies`` key: otherwise no rule
   :class:`~common.web.proxies.ProxyPool` chooses, sticky to the session under
   PROXY_ROTATION=session; a ``proxy`` fetch error rests it (the URL is retried, the kind is
   transient), an answer counts it served;
-* a login (SESSION_LOGIN, a job's ``session.login``): a session whose jar has no login yet is
-  logged in, once, by the worker that takes ``session_login_key`` (SET NX PX); the others park
+* a login (SESSION_LOGIN, a job's ``session.login``), for the sessions of its URL's site (and
+  its subdomains; the job's other sites are not logged in): a session whose jar has no login
+  yet is logged in, once, by the worker that takes ``session_login_key`` (SET NX PX); the others park
   their URL for LOGIN_BUSY_MS meanwhile, as robots.txt's lock does. The login's state is a meta
   field of the jar, so it is read with it and goes when the session is retired. A login the
   site refuses (:class:`~common.web.login.LoginFailed`) dead-letters the page ``login_failed``
@@ -42,6 +43,7 @@ import redis
 
 from common.core.config import Settings
 from common.core.errors import ConfigError, FetchError
+from common.core.urls import domain_of
 from common.jobs.spec import DEFAULT_JOB
 from common.store.keys import COUNTERS, session_login_key
 from common.web import multi
@@ -126,7 +128,8 @@ class Identities:
         proxy = self.proxies.choose(proxies, sticky) if proxies else None
         identity = Identity(session.jar if session is not None else None, proxy)
         visit = Visit(settings, session, proxy)
-        if session is not None and settings.session_login:
+        if session is not None and settings.session_login and \
+                self._logs_in(settings.session_login, trip.domain):
             end = self._log_in(visit, identity)
             if end is not None:
                 return end
@@ -205,6 +208,17 @@ class Identities:
                 spec = Failure("job_settings_invalid", error=f"session login: {exc}")
             self._logins[raw] = spec
         return spec
+
+    def _logs_in(self, raw: str, site: str) -> bool:
+        """Whether a login applies to ``site``'s sessions: its URL's site, a subdomain of it
+        or one it is a subdomain of (a login at auth.shop.example for www.shop.example); the
+        job's other sites are crawled without logging in. A spec that cannot be read: True
+        (the page is dead-lettered saying why)."""
+        spec = self._login_spec(raw)
+        if not isinstance(spec, LoginSpec):
+            return True
+        home = domain_of(spec.url)
+        return site == home or site.endswith("." + home) or home.endswith("." + site)
 
     def _log_in(self, visit: Visit, identity: Identity) -> Park | Retry | DeadLetter | None:
         """None once the session is logged in (by this worker now, or any before)."""

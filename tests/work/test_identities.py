@@ -213,3 +213,13 @@ def test_a_rule_may_say_only_who_to_fetch_as_and_its_mistakes_are_named():
         with pytest.raises(ConfigError) as caught:
             load_rules(_rules(bad))
         assert says in str(caught.value) and "pw-never-shown" not in str(caught.value)
+
+
+def test_a_login_is_run_for_its_own_sites_sessions_only(make, site, monkeypatch):
+    monkeypatch.setenv("TEST_LOGIN_PW", "right")
+    posts = _login_site(site)
+    identities = make(session_login=_login(site))
+    trip = trip_for("http://127.0.0.9:9/page/1")
+    trip.domain = "127.0.0.9"  # another site of the crawl
+    identity, _visit = identities.begin(trip)
+    assert identity.cookies is not None and posts == []

@@ -56,7 +56,6 @@ class Fetch:
         if chosen is not None and not isinstance(chosen, tuple):
             return chosen  # a login elsewhere (park), or one that failed
         identity, visit = chosen if chosen is not None else (None, None)
-        trip.identified = identity is not None and identity.cookies is not None
         follow = follow_rule(url, trip.rules)
         headers = request_headers(trip.message, trip.headers)
         try:

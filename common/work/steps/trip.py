@@ -42,7 +42,6 @@ class Trip:
     response: FetchResult | None = None  # Fetch, or Admit from the cache
     cached: bool = False  # Admit: the response came from the cache (nothing fetched)
     retime: Retime | None = None  # Fetch: the permit, re-timed to the send time
-    identified: bool = False  # Fetch: sent as a session (cookies): not for a shared cache
     read: PageRead | None = None  # Read: the record and what to follow
 
     @property

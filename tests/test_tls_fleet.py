@@ -208,9 +208,6 @@ def test_an_untrusted_certificate_dead_letters_at_once_and_a_replay_after_trusti
         assert drain(channel, topology.FAILED_QUEUE) == []
 
 
-@pytest.mark.xfail(strict=True, reason="common/web/fetch.py (the lead's): the CA file is first "
-                   "built at the first fetch, so the worker starts and dead-letters every URL "
-                   "worker_error; Fetcher.__init__ calling trust.ca_file(settings) fixes it")
 def test_a_worker_with_an_unreadable_ca_bundle_refuses_to_start_naming_the_variable(
         settings, run_cli, tmp_path):
     started = run_cli("worker.py", "--idle-exit", "1",

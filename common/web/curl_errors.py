@@ -39,9 +39,11 @@ _PROXY_CODES = frozenset({pycurl.E_COULDNT_RESOLVE_PROXY, pycurl.E_COULDNT_CONNE
 
 
 def classify(error: pycurl.error, transfer: Transfer, sent_at: float | None,
-             settings: Settings, proxy: str | None = None) -> FetchError:
+             settings: Settings, proxy: str | None = None,
+             tunnel: int | None = None) -> FetchError:
     """The FetchError a failed libcurl transfer is, by its code and what the open-socket
-    callback saw (``transfer.refused``: addresses the guard refused)."""
+    callback saw (``transfer.refused``: addresses the guard refused). Through a proxy,
+    ``tunnel`` is the status of its answer to CONNECT (0: none came; None: no tunnel)."""
     code, message = error.args[0], error.args[1] if len(error.args) > 1 else ""
     text = f"curl error {code}: {message}"
     if proxy:
@@ -55,7 +57,8 @@ def classify(error: pycurl.error, transfer: Transfer, sent_at: float | None,
         return FetchError(reason, kind="blocked", sent_at=sent_at)
     if code in _TLS_CERTIFICATE_CODES:
         return FetchError(text, kind="tls_certificate", sent_at=sent_at)
-    if proxy and (code in _PROXY_CODES or "proxy" in message.lower()):
+    hung_tunnel = code in _TIMEOUT_CODES and tunnel == 0  # the proxy never answered CONNECT
+    if proxy and (code in _PROXY_CODES or "proxy" in message.lower() or hung_tunnel):
         return FetchError(f"{text} (proxy {redact_url(proxy)})", kind="proxy",
                           sent_at=sent_at)
     if code in _TIMEOUT_CODES:

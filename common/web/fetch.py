@@ -130,6 +130,7 @@ class Fetcher:
 
     def __init__(self, settings: Settings, guard: AddressGuard | None = None) -> None:
         self.settings = settings
+        trust.ca_file(settings)  # a bad FETCH_CA_BUNDLE stops the process now (ConfigError)
         self.guard = guard or AddressGuard(settings.fetch_allow_networks)
         self.allowed_types = tuple(t.strip().lower() for t in
                                    settings.allowed_content_types.split(",") if t.strip())
@@ -329,7 +330,14 @@ class Fetcher:
         pretransfer_s = curl.getinfo(pycurl.PRETRANSFER_TIME)
         sent_at = started_wall + pretransfer_s if pretransfer_s > 0 else None
         if error is not None and transfer.stop is None:
-            raise classify(error, transfer, sent_at, self.settings, proxy)
+            tunnel = curl.getinfo(pycurl.HTTP_CONNECTCODE) \
+                if proxy and url.startswith("https:") else None
+            raise classify(error, transfer, sent_at, self.settings, proxy, tunnel)
+        if proxy and transfer.status == 407 and not url.startswith("https:"):
+            # A plain-http request goes to the proxy as is: its 407 is the proxy's, not the
+            # site's (through a tunnel, https, libcurl reports it as an error).
+            raise FetchError(f"the proxy {redact_url(proxy)} asked for credentials (407)",
+                             kind="proxy", sent_at=sent_at)
         if transfer.stop in ("headers_too_large", "invalid"):
             raise FetchError(transfer.detail, kind=transfer.stop, sent_at=sent_at)
         return sent_at

@@ -74,6 +74,9 @@ def insecure(settings: Settings, host: str | None) -> bool:
 def _build(bundle: str, mode: str, ssl_cert_file: str) -> str:
     if not bundle:
         if ssl_cert_file:
+            if Path(ssl_cert_file).is_dir():
+                raise ConfigError(f"SSL_CERT_FILE={ssl_cert_file!r} is a directory: name a "
+                                  "PEM file, or give the directory as FETCH_CA_BUNDLE")
             _certificates(Path(ssl_cert_file), "SSL_CERT_FILE")  # readable, and has one
             return ssl_cert_file
         return certifi.where()

@@ -309,8 +309,6 @@ def test_a_wrong_proxy_password_on_a_tunnel_is_a_proxy_error(
     assert PROXY_PASSWORD not in str(error) and PROXY_PASSWORD not in logs.text
 
 
-@pytest.mark.xfail(strict=True, reason="common/web/fetch.py (lead): a 407 from the proxy to a "
-                   "plain-http request is returned as the page's status, not FetchError proxy")
 def test_a_proxy_asking_for_credentials_on_plain_http_is_a_proxy_error(
         make_fetcher, site: TestSite, tinyproxy: TinyProxy) -> None:
     proxy = f"http://127.0.0.1:{tinyproxy.port}"  # no credentials: tinyproxy answers 407
@@ -318,8 +316,6 @@ def test_a_proxy_asking_for_credentials_on_plain_http_is_a_proxy_error(
     assert error.kind == "proxy"
 
 
-@pytest.mark.xfail(strict=True, reason="common/web/curl_errors.py (lead): a CONNECT the proxy "
-                   "never answers times out as kind timeout, so the hung proxy is never rested")
 def test_a_proxy_that_never_answers_a_tunnel_is_a_proxy_error(make_fetcher) -> None:
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (backlog), never answers
         proxy = f"http://127.0.0.1:{silent.getsockname()[1]}"

@@ -267,8 +267,6 @@ def test_a_bad_bundle_is_a_config_error_naming_the_variable_before_anything_is_f
     assert good.requests(offset) == []
 
 
-@pytest.mark.xfail(strict=True, reason="common/web/fetch.py: Fetcher.__init__ does not call "
-                   "trust.ca_file(settings) yet (the lead's file)")
 @pytest.mark.parametrize(("variable", "attr", "problem"), _BAD_BUNDLES[:1])
 def test_a_bad_bundle_is_a_config_error_when_the_fetcher_is_made(
         variable: str, attr: str, problem: str, tmp_path: Path) -> None:
@@ -278,8 +276,6 @@ def test_a_bad_bundle_is_a_config_error_when_the_fetcher_is_made(
         Fetcher(settings).close()
 
 
-@pytest.mark.xfail(strict=True, reason="common/web/trust.py (the lead's): SSL_CERT_FILE naming a "
-                   "directory passes the start check, then every https fetch fails (curl 77)")
 def test_ssl_cert_file_naming_a_directory_is_a_config_error(tmp_path: Path, pki: Pki,
                                                              good: NginxSite) -> None:
     shutil.copy(pki.ca_cert, tmp_path / "ca.pem")

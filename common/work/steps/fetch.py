@@ -67,11 +67,11 @@ class Fetch:
             retime = Retime(trip.admission.permit, exc.sent_at)
             failure = Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")
             return Retry(failure, retime) if exc.transient else DeadLetter(failure, retime)
-        if visit is not None and (end := self.identities.settle(trip, visit, response)):
-            return end  # its session retired: tried again on another
         metrics.FETCH_SECONDS.observe(response.elapsed_ms / 1000)
         metrics.FETCH_BYTES.inc(len(response.body))
         self.limiter.throttle.observe(trip.domain, response)  # told at the next admit
+        if visit is not None and (end := self.identities.settle(trip, visit, response)):
+            return end  # its session retired: tried again on another (a 429 slowed it too)
         trip.response = response
         trip.retime = Retime(trip.admission.permit, response.sent_at)
         return None

@@ -51,6 +51,7 @@ from common.intake.sitemap_files import (
     parse_sitemap,
 )
 from common.web.fetch import Fetcher, FetchResult
+from common.web.proxies import FleetProxies
 from common.web.ratelimit import RateLimiter
 from common.web.robots import RULES, RobotsStore, origin_of, robots_fetcher, robots_url
 
@@ -88,6 +89,7 @@ class SitemapReader:
         self._robots_fetcher = fetcher or robots_fetcher(settings)
         self.limiter = RateLimiter(client, settings)
         self.robots = RobotsStore.from_settings(client, settings)
+        self.proxies = FleetProxies(settings, client)  # PROXY_URLS: sitemaps go that way too
         self._sleep = sleep
 
     def read(self, url: str) -> Sitemap:
@@ -129,7 +131,7 @@ class SitemapReader:
                 self._sleep(max(admission.wait_ms, 1) / 1000)
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"Redis failed (rate limit): {exc}") from None
-        return (fetcher or self.fetcher).fetch(url, accept_any_type=True)
+        return self.proxies.fetch(fetcher or self.fetcher, url, accept_any_type=True)
 
     def robots_sitemaps(self, origin: str) -> list[str]:
         """The ``Sitemap:`` URLs of ``origin``'s robots.txt (cached fleet-wide), absolute.

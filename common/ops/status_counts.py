@@ -37,12 +37,12 @@ from common.store.keys import (
     DEFERRED,
     DEFERRED_INFLIGHT,
     DONE_PREFIX,
-    PROXY_STATS,
     RESULTS_STREAM,
     SINKS,
     proxy_rest_key,
     sink_group,
 )
+from common.web.proxies import read_stats
 
 #: The most dead letters browsed for the "now" count by reason; a larger queue's reasons are
 #: those of its first DLQ_BROWSE_MAX (``by_reason_of`` says how many were read).
@@ -146,20 +146,16 @@ def _text(value: bytes | str) -> str:
 
 
 def proxies(client: redis.Redis) -> list[dict[str, Any]]:
-    """Every proxy the fleet has used: its redacted URL, requests served, failures, and the
-    seconds it still rests (0: healthy), busiest first."""
-    stats = {k.decode() if isinstance(k, bytes) else k: v
-             for k, v in client.hgetall(PROXY_STATS).items()}
-    names = {key[:-len(":name")]: value.decode() if isinstance(value, bytes) else value
-             for key, value in stats.items() if key.endswith(":name")}
-    if not names:
+    """Every proxy the fleet has used (common/web/proxies.py's counters): its redacted URL,
+    requests served, failures, and the seconds it still rests (0: healthy), busiest first."""
+    stats = read_stats(client)
+    if not stats:
         return []
     pipe = client.pipeline(transaction=False)
-    for proxy_id in names:
+    for proxy_id in stats:
         pipe.pttl(proxy_rest_key(proxy_id))
     rests = pipe.execute()
-    rows = [{"proxy": name, "served": int(stats.get(f"{proxy_id}:served", 0)),
-             "failed": int(stats.get(f"{proxy_id}:failed", 0)),
+    rows = [{"proxy": entry["name"], "served": entry["served"], "failed": entry["failed"],
              "resting_s": round(max(rest, 0) / 1000, 1)}
-            for (proxy_id, name), rest in zip(names.items(), rests, strict=True)]
+            for entry, rest in zip(stats.values(), rests, strict=True)]
     return sorted(rows, key=lambda row: (-row["served"], row["proxy"]))

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import pycurl
@@ -52,6 +52,7 @@ from common.web import multi, trust
 from common.web.capture import ArchivingTransfer, Exchange
 from common.web.curl import BASE_HEADERS, MAX_HEADER_LINES, Transfer, new_easy_handle
 from common.web.curl_errors import classify
+from common.web.identity import CookieJar, Identity
 from common.web.netguard import AddressGuard, resolve
 
 __all__ = ["MAX_HEADER_LINES", "CookieJar", "FetchResult", "Fetcher", "Identity"]
@@ -60,26 +61,6 @@ logger = logging.getLogger(__name__)
 
 #: libcurl's CURLINFO_HTTP_VERSION -> the version a record shows.
 _HTTP_VERSIONS = {1: "1.0", 2: "1.1", 3: "2", 30: "3"}
-
-
-class CookieJar(Protocol):
-    """The cookies one fetch sends and keeps (common/web/cookies.py): asked before each hop,
-    told each hop's Set-Cookie lines after it."""
-
-    def header_for(self, url: str) -> str | None:
-        """The Cookie header value for a request to ``url`` (None: no cookie applies)."""
-
-    def receive(self, url: str, set_cookies: list[str]) -> None:
-        """Keep what the response of ``url`` set (its Set-Cookie header values)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """Who a fetch is to the site and which way it goes: its cookies (None: none sent or kept)
-    and its proxy (a URL, credentials inside: never logged; None: direct)."""
-
-    cookies: CookieJar | None = None
-    proxy: str | None = None
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,13 @@ from urllib.parse import urlsplit
 import redis
 
 from common.core.config import Settings
+from common.core.errors import FetchError
 from common.core.redact import redact_url
 from common.store.keys import PROXY_STATS, proxy_rest_key
+from common.web.fetch import Fetcher, FetchResult, Identity
 
-__all__ = ["SCHEMES", "ProxyPool", "parse_proxy_urls", "proxy_id", "read_stats"]
+__all__ = ["SCHEMES", "FleetProxies", "ProxyPool", "parse_proxy_urls", "proxy_id",
+           "read_stats"]
 
 logger = logging.getLogger(__name__)
 
@@ -209,3 +212,28 @@ class ProxyPool:
                 elif self._marked.get(ident, -1.0) < now:  # not rested here since we looked
                     self._resting.pop(ident, None)
             self._busy = False
+
+
+class FleetProxies:
+    """The fleet's own requests that are no page's (robots.txt, sitemaps) through PROXY_URLS:
+    behind a proxy-only egress they must go the pages' way too. Direct without PROXY_URLS."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.urls = parse_proxy_urls(settings.proxy_urls) if settings.proxy_urls else ()
+        self.pool = ProxyPool(settings, client) if self.urls else None
+
+    def fetch(self, fetcher: Fetcher, url: str, **kwargs: object) -> FetchResult:
+        """``fetcher.fetch(url, **kwargs)`` through the next healthy proxy; a proxy that fails
+        is rested (the FetchError, kind ``proxy``, is re-raised: the caller retries)."""
+        if self.pool is None:
+            return fetcher.fetch(url, **kwargs)
+        proxy = self.pool.choose(self.urls)
+        try:
+            response = fetcher.fetch(url, identity=Identity(proxy=proxy), **kwargs)
+        except FetchError as exc:
+            if exc.kind == "proxy" and proxy is not None:
+                self.pool.failed(proxy)
+            raise
+        if proxy is not None:
+            self.pool.served(proxy)
+        return response

@@ -24,6 +24,7 @@ from common.core.errors import TRANSIENT, FetchError, classify_status
 from common.core.urls import domain_of
 from common.store.marks import Permit, Retime
 from common.web.fetch import Fetcher, FetchResult
+from common.web.proxies import FleetProxies
 from common.web.ratelimit import RateLimiter, retime_permit
 from common.web.robots import RobotsRules, RobotsStore, origin_of
 from common.work import metrics
@@ -39,6 +40,7 @@ class RobotsGate:
         self.client = client
         self.limiter = limiter
         self.fetcher = fetcher  # reads at most MAX_ROBOTS_BYTES (robots_fetcher)
+        self.proxies = FleetProxies(settings, client)  # PROXY_URLS: robots.txt goes that way
         self.store = RobotsStore.from_settings(client, settings)
 
     def rules(self, url: str) -> RobotsRules | Park | DeadLetter:
@@ -73,7 +75,7 @@ class RobotsGate:
         domain's throttle told how the site answered."""
         domain = domain_of(url)
         try:
-            response = self.fetcher.fetch(url, accept_any_type=True)
+            response = self.proxies.fetch(self.fetcher, url, accept_any_type=True)
         except FetchError as exc:
             self._report(url, Failure(f"fetch_{exc.kind}"), Retime(permit, exc.sent_at))
             raise

@@ -9,7 +9,9 @@ import pytest
 from common.broker.messages import WorkMessage
 from common.web.fetch import Fetcher
 from common.web.ratelimit import Admission, RateLimiter
-from common.work.outcome import Retry
+from common.work.identities import Identities
+from common.work.job_book import JobBook
+from common.work.outcome import Park, Retry
 from common.work.processor import Processor
 from common.work.steps.fetch import Fetch
 from tests.work.steps.conftest import QUEUE, failure_of, response, trip_for
@@ -73,3 +75,37 @@ def test_a_processed_message_with_headers_sends_them_and_one_with_crlf_is_dead_l
     assert site.requests_for("/page/3")[-1].headers["Accept-Language"] == "fr"
     assert hostile.kind == "dead_letter" and site.count("/page/4") == 0
     assert hostile.publishes[0].headers["reason"] == "bad_message"
+
+
+@pytest.fixture
+def with_identities(settings, redis_client) -> Iterator:
+    made = []
+
+    def build(**overrides) -> Fetch:
+        s = settings.with_overrides(**overrides)
+        fetcher = Fetcher(s)
+        made.append(fetcher)
+        return Fetch(fetcher, RateLimiter(redis_client, s),
+                     Identities(s, redis_client, JobBook(s, redis_client), fetcher))
+
+    yield build
+    for fetcher in made:
+        fetcher.close()
+
+
+def test_a_cookie_a_page_set_goes_with_the_next_page_of_its_site(with_identities, site):
+    step = with_identities()
+    site.route("/set", lambda _r: (200, {"Content-Type": "text/html",
+                                         "Set-Cookie": "sid=s1; Path=/"}, b"<p>set</p>"))
+    assert step.fetch_page(_admitted(site.url("/set"))) is None
+    assert step.fetch_page(_admitted(site.page_url(1))) is None
+    assert site.requests_for("/page/1")[-1].headers.get("Cookie") == "sid=s1"
+    assert "Cookie" not in site.requests_for("/set")[-1].headers
+
+
+def test_a_blocking_answer_to_a_pooled_session_parks_the_url_for_another(with_identities, site):
+    step = with_identities(session_pool_size=2)
+    site.route("/blocked", lambda _r: (403, {"Content-Type": "text/html"}, b"no"))
+    end = step.fetch_page(_admitted(site.url("/blocked")))
+    assert isinstance(end, Park) and end.message.extra["session_retires"] == 1
+    assert site.count("/blocked") == 1

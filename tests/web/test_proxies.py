@@ -360,3 +360,19 @@ def test_tinyproxy_logs_count_what_each_proxy_served(site: TestSite, make_fetche
             proxy = one.url if n % 3 else two.url
             assert fetcher.fetch(site.page_url(n), identity=Identity(proxy=proxy)).status == 200
         assert len(one.requests()) == 4 and len(two.requests()) == 2
+
+
+def test_robots_txt_and_sitemaps_go_through_the_fleets_proxies(
+        settings: Settings, redis_client: redis.Redis, site: TestSite) -> None:
+    from common.intake.sitemaps import SitemapReader
+
+    with TinyProxy() as proxy:
+        fleet = replace(settings, proxy_urls=proxy.url, fetch_allow_networks=LOOPBACK)
+        reader = SitemapReader(fleet, redis_client)
+        response = reader.fetch_politely(site.url("/robots.txt"))
+        reader.proxies.pool.flush()
+        asked = proxy.requests()
+    assert response.status in (200, 404) and response.proxy == proxy.url
+    assert ("GET", site.url("/robots.txt")) in asked
+    [stats] = read_stats(redis_client).values()
+    assert stats["served"] == 1 and stats["name"] == proxy.url

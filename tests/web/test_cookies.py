@@ -177,3 +177,16 @@ def test_localhost_and_ip_sites_keep_their_cookies():
         jar = Jar()
         jar.receive(url, ["sid=1; Path=/"])
         assert _reloaded(jar).header_for(url.replace("/a", "/b")) == "sid=1"
+
+
+def test_warc_header_lines_keep_cookie_names_and_attributes_but_no_value():
+    from common.web.capture import _no_cookie_values
+
+    assert _no_cookie_values(b"Cookie: sid=abc; lang=en") == \
+        b"Cookie: sid=[redacted]; lang=[redacted]"
+    assert _no_cookie_values(b"set-cookie: sid=abc; Path=/; Secure\r\n") == \
+        b"set-cookie: sid=[redacted]; Path=/; Secure\r\n"
+    assert _no_cookie_values(b"Proxy-Authorization: Basic dTpw") == \
+        b"Proxy-Authorization: [redacted]"
+    assert _no_cookie_values(b"Cookiejar: x=1") == b"Cookiejar: x=1"
+    assert _no_cookie_values(b"GET /?Cookie: x HTTP/1.1") == b"GET /?Cookie: x HTTP/1.1"

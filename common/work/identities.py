@@ -47,7 +47,8 @@ from common.core.urls import domain_of
 from common.jobs.spec import DEFAULT_JOB
 from common.store.keys import COUNTERS, session_login_key
 from common.web import multi
-from common.web.fetch import Fetcher, FetchResult, Identity
+from common.web.fetch import Fetcher, FetchResult
+from common.web.identity import Identity
 from common.web.login import LoginFailed, LoginSpec, log_in, parse_login
 from common.web.proxies import ProxyPool, parse_proxy_urls
 from common.web.sessions import Session, SessionPool

@@ -83,8 +83,10 @@ class JobRun(Protocol):
 # ARGV[7] how long the URL may still wait (ms, -1 = no limit)  ARGV[8..12] the throttle's
 # A job's message only (the default job's call has none of these, and pays for none):
 # KEYS[7] job:{name}  KEYS[8] jobs:version  KEYS[9] job:{name}:run:{run}  ARGV[13] its run
+# Last, when the page's cookie jar is wanted (7 or 10 keys in all): cookies:{job}|{site}|0.0
 # Returns {cached_body or false, go, wait_ms, permit member, booked slot ms, throttle or false,
-#          jobs:version (a job's message only), job verdict (go = 4 only)}
+#          jobs:version (a job's message only), job verdict (go = 4 only),
+#          the jar's fields and values (go = 1 with a jar key only)}
 #   go: 1 = go now (a permit was logged under `permit member`), 0 = wait, 2 = already done,
 #       3 = its slot would come after its wait limit (nothing booked), 4 = its job's run is not
 #       running: "paused" (nothing booked) or "cancelled" (its done mark set; counted
@@ -100,6 +102,7 @@ if ARGV[13] then
     elseif not job[1] then verdict = 'deleted' end
   end
 end
+local jar_key = (#KEYS == 7 or #KEYS == 10) and KEYS[#KEYS]
 if KEYS[4] ~= '' and redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
   return {false, 2, 0, '', 0, jobv and false, jobv}
 end
@@ -161,6 +164,9 @@ if free_at <= now then
   local member = t[1] .. t[2] .. ':' .. count
   redis.call('ZADD', KEYS[2], now, member)
   redis.call('PEXPIRE', KEYS[2], keep * 2)
+  if jar_key then  -- the page's cookie jar, read in this round trip (common/web/sessions.py)
+    return {false, 1, 0, member, 0, state, jobv or false, false, redis.call('HGETALL', jar_key)}
+  end
   return {false, 1, 0, member, 0, state, jobv}
 end
 if booked > 0 and booked <= now + spacing and rate >= 1 then
@@ -209,6 +215,8 @@ class Admission:
     #: set and counted; also an older run, a finished one), or "deleted" (nothing marked).
     job_verdict: str = ""
     jobs_version: int | None = None  # jobs:version, with every job's admission
+    #: The cookie jar asked for (``jar_key``), field -> value, when the page may go now.
+    jar: dict[bytes, bytes] | None = None
 
 
 class RateLimiter:
@@ -238,13 +246,16 @@ class RateLimiter:
 
     def admit(self, domain: str, rate: Rate, cache_url: str | None = None,
               done: DoneMark | None = None, booked_ms: int = 0,
-              max_wait_ms: int = -1, job: JobRun | None = None) -> Admission:
+              max_wait_ms: int = -1, job: JobRun | None = None,
+              jar_key: str | None = None) -> Admission:
         """One round trip: already done, a cache hit, a permit now, or how long to wait for a
         booked slot. ``done`` is the URL's done mark, checked first;
         ``booked_ms`` the slot this URL was given when it was parked (it keeps its place);
         ``max_wait_ms`` how long it may still wait (-1: no limit), else ``too_late``.
         ``job``: the message's job run (None: the default job, which adds nothing to the
-        call); its state decides first (``job_verdict``), and ``jobs_version`` comes back."""
+        call); its state decides first (``job_verdict``), and ``jobs_version`` comes back.
+        ``jar_key``: a cookie jar read in the same call when the page may go now
+        (``Admission.jar``), so cookies cost the page no round trip of its own."""
         span_ms = rate.window_ms + math.ceil(rate.window_ms * self.guard)
         spacing_ms = math.ceil(span_ms / rate.amount)
         done_key, member = done or ("", 0)
@@ -256,9 +267,11 @@ class RateLimiter:
         if job is not None:
             keys += [job_key(job.name), JOBS_VERSION, job_run_key(job.name, job.run)]
             args.append(job.run)
+        if jar_key is not None:
+            keys.append(jar_key)
         reply = self._admit(keys=keys, args=args)
         cached, go, wait_ms, permit, slot_ms = reply[:5]
-        version = int(reply[6]) if len(reply) > 6 else None
+        version = int(reply[6]) if len(reply) > 6 and reply[6] is not None else None
         if go == 2:
             return Admission(go=False, already_done=True, jobs_version=version)
         if go == 4:
@@ -269,7 +282,8 @@ class RateLimiter:
                          permit=Permit(log_key, permit_member) if permit_member else None,
                          slot_ms=int(slot_ms), too_late=go == 3,
                          throttle=ThrottleState.from_reply(reply[5]) if len(reply) > 5 else None,
-                         jobs_version=version)
+                         jobs_version=version,
+                         jar=_pairs(reply[8]) if len(reply) > 8 else None)
 
     def report(self, pipe: redis.client.Pipeline, url: str, failure: Signal,
                retime: Retime | None) -> None:
@@ -288,6 +302,11 @@ class RateLimiter:
             if row["active"]:
                 rows.append({"domain": domain, **row})
         return rows
+
+
+def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    """HGETALL's flat reply from inside a script, as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def retime_permit(pipe: redis.client.Pipeline, retime: Retime) -> None:

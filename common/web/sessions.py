@@ -14,7 +14,8 @@ generation only if the session is still the current one (a Lua compare-and-incre
 workers retiring the same session retire it once, and a page that got its answer from an
 older generation retires nothing.
 
-Cost per page: one round trip to open (read the jar), none to settle unless a response changed
+Cost per page: one round trip to open (read the jar; none without a pool, whose jar the admit
+script returns with the page's turn: common/web/ratelimit.py), none to settle unless a response changed
 the jar (then one: HSET/HDEL of the changed fields and PEXPIRE, so two workers' changes merge
 cookie by cookie; for a pooled session only while its generation is current, so a retired
 session's jar is not brought back).
@@ -122,12 +123,15 @@ class SessionPool:
         self._save = client.register_script(SAVE_LUA)
 
     def open(self, job: str, site: str, *, pool_size: int, max_uses: int = 0,
-             max_cookies: int = 100, max_bytes: int = 65536) -> Session:
+             max_cookies: int = 100, max_bytes: int = 65536,
+             preloaded: dict[bytes, bytes] | None = None) -> Session:
         """A session of ``job`` on ``site`` and its jar, in one round trip: ``"0.0"``
         without a pool (``pool_size`` 0), else a slot taken at random and its current
-        generation (the next one past ``max_uses``)."""
+        generation (the next one past ``max_uses``). ``preloaded``: the ``"0.0"`` jar's
+        fields as the admit script read them (no round trip at all)."""
         if pool_size <= 0:
-            fields = self.client.hgetall(cookie_jar_key(job, site, "0.0"))
+            fields = preloaded if preloaded is not None else \
+                self.client.hgetall(cookie_jar_key(job, site, "0.0"))
             return Session(job, site, 0, 0, Jar(fields, max_cookies=max_cookies,
                                                  max_bytes=max_bytes), False)
         slot = random.randrange(pool_size)

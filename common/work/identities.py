@@ -45,7 +45,7 @@ from common.core.config import Settings
 from common.core.errors import ConfigError, FetchError
 from common.core.urls import domain_of
 from common.jobs.spec import DEFAULT_JOB
-from common.store.keys import COUNTERS, session_login_key
+from common.store.keys import COUNTERS, cookie_jar_key, session_login_key
 from common.web import multi
 from common.web.fetch import Fetcher, FetchResult
 from common.web.identity import Identity
@@ -101,6 +101,19 @@ class Identities:
         if isinstance(spec := self._login_spec(settings.session_login), Failure):
             raise ConfigError(f"SESSION_LOGIN: {spec.error}")
 
+    def jar_to_read(self, trip: Trip) -> str | None:
+        """The cookie jar the admit script reads with ``trip``'s turn (``trip.domain`` set):
+        its session's when it has cookies and no pool, else None (a pooled session's slot is
+        chosen in :meth:`begin`'s own round trip)."""
+        settings = self.jobs.settings_for(trip.job)
+        if not settings.cookies_enabled or settings.session_pool_size > 0:
+            return None
+        rule = self._rule(settings, trip.url)
+        if rule is not None and rule.cookies is False:
+            return None
+        return cookie_jar_key(trip.job.name if trip.job is not None else DEFAULT_JOB,
+                              trip.domain, "0.0")
+
     def begin(self, trip: Trip) -> tuple[Identity, Visit] | Park | Retry | DeadLetter | None:
         """The identity to fetch ``trip``'s page with (None: no cookies, no proxy: nothing
         to settle), or why it cannot be fetched now (a login elsewhere, a failed login)."""
@@ -123,7 +136,8 @@ class Identities:
                     trip.job.name if trip.job is not None else DEFAULT_JOB, trip.domain,
                     pool_size=settings.session_pool_size, max_uses=settings.session_max_uses,
                     max_cookies=settings.cookie_jar_max_cookies,
-                    max_bytes=settings.cookie_jar_max_bytes)
+                    max_bytes=settings.cookie_jar_max_bytes,
+                    preloaded=trip.admission.jar if trip.admission is not None else None)
         sticky = session.key if session is not None and \
             settings.proxy_rotation == "session" else None
         proxy = self.proxies.choose(proxies, sticky) if proxies else None

@@ -25,9 +25,9 @@ What a step learns travels on the delivery's :class:`~common.work.steps.trip.Tri
 from step to step. Each
 stage is entered on the delivery's :class:`~common.work.poison.Progress`, so a worker that dies
 on a page leaves the stage behind, and a page stuck in parse ends the worker. Hot path: two
-Redis round trips (Admit's script, Record's script), and with cookies on (the default) a
-third, the session's jar read before the fetch (common/web/sessions.py), the loop's other
-tasks running during each; robots rules come from the worker's memory once known.
+Redis round trips (Admit's script, Record's script; with cookies on, the default, the admit
+script also returns the page's cookie jar, and a pooled session's costs a third, its slot
+chosen before the fetch: common/web/sessions.py), the loop's other tasks running during each; robots rules come from the worker's memory once known.
 """
 
 from __future__ import annotations
@@ -97,8 +97,9 @@ class Processor:
         self.arrive = Arrive(self.poison, self.watch)
         self.wait = Wait.from_settings(settings, jobs)
         self.robots = Robots(self.gate, jobs)
-        self.admit = Admit.from_settings(settings, limiter, results, give_up, client, jobs)
         self.identities = Identities(settings, client, jobs, self.fetcher)  # cookies, proxies
+        self.admit = Admit.from_settings(settings, limiter, results, give_up, client, jobs,
+                                         self.identities)
         self.fetch = Fetch(self.fetcher, limiter, self.identities)
         self.archive = Archive.from_settings(settings)
         self.hand_off = HandOff.from_settings(settings, Redirects(settings, client, follower),

@@ -55,6 +55,30 @@ def test_without_a_pool_a_page_reads_its_jar_in_one_round_trip_and_writes_nothin
     assert not counted.exists(cookie_jar_key("default", SITE, "0.0"))
 
 
+def test_without_a_pool_the_admit_script_brings_the_jar_and_opening_costs_no_round_trip(
+        counted, redis_client, settings):
+    from common.web.ratelimit import Rate, RateLimiter
+
+    SessionPool(redis_client).open("default", SITE, pool_size=0)  # nothing stored yet
+    writer = SessionPool(redis_client)
+    stored = writer.open("default", SITE, pool_size=0)
+    stored.jar.receive(URL, ["sid=abc; Path=/"])
+    assert writer.save(stored)
+    limiter = RateLimiter(counted, settings)
+    pool = SessionPool(counted)
+    limiter.admit("warm.example", Rate(100, 1000))  # the script loaded
+    before = CountingConnection.sent
+    admission = limiter.admit(SITE, Rate(100, 1000),
+                              jar_key=cookie_jar_key("default", SITE, "0.0"))
+    session = pool.open("default", SITE, pool_size=0, preloaded=admission.jar)
+    assert CountingConnection.sent - before == 1  # the admit call, and nothing else
+    assert admission.go and session.jar.header_for(URL + "next") == "sid=abc"
+    empty = limiter.admit("other.example", Rate(100, 1000),
+                          jar_key=cookie_jar_key("default", "other.example", "0.0"))
+    assert empty.go and empty.jar == {}
+    assert limiter.admit("third.example", Rate(100, 1000)).jar is None  # not asked
+
+
 def test_with_a_pool_a_page_opens_its_session_in_one_round_trip(counted):
     pool = SessionPool(counted)
     assert _trips(counted, pool, lambda: pool.save(pool.open("job", SITE, pool_size=3))) == 1

@@ -4,7 +4,9 @@ The admit script (common/web/ratelimit.py) answers at once: the outcome is alrea
 (a redelivery: acked once the replicas hold it), its turn would come after MAX_WAIT_S
 (dead-lettered ``waited_too_long``), a cached response (CACHE_TTL_S: read, not fetched), a
 permit now, or a booked slot to wait for (parked on the hold queues, keeping its slot). The
-loop's other tasks run while Redis answers. The first of the page's two round trips.
+loop's other tasks run while Redis answers. The first of the page's two round trips; with
+cookies on and no session pool it also brings the page's cookie jar back
+(common/work/identities.py), so cookies cost no round trip of their own.
 
 A job's message has its job's state decided in the same call (common/web/ratelimit.py), and
 the answer carries ``jobs:version`` for the worker's job book (a job's MAX_WAIT_S is its
@@ -34,6 +36,7 @@ from common.web import multi
 from common.web.ratelimit import RateLimiter
 from common.work import metrics
 from common.work.giving_up import GivingUp
+from common.work.identities import Identities
 from common.work.job_book import JobBook
 from common.work.outcome import DeadLetter, Outcome, Park, wait_left_ms, waited_too_long
 from common.work.steps.trip import Trip
@@ -61,8 +64,9 @@ PARK_TRIES = 3
 class Admit:
     def __init__(self, limiter: RateLimiter, results: ResultStore, give_up: GivingUp,
                  client: redis.Redis, *, use_cache: bool, max_wait_s: float,
-                 jobs: JobBook | None = None) -> None:
+                 jobs: JobBook | None = None, identities: Identities | None = None) -> None:
         self.jobs = jobs  # the jobs' states come back with the admission
+        self.identities = identities  # the page's cookie jar comes back with it too
         self.limiter = limiter
         self.results = results
         self.give_up = give_up
@@ -74,9 +78,9 @@ class Admit:
     @classmethod
     def from_settings(cls, settings: Settings, limiter: RateLimiter, results: ResultStore,
                       give_up: GivingUp, client: redis.Redis,
-                      jobs: JobBook | None = None) -> Admit:
+                      jobs: JobBook | None = None, identities: Identities | None = None) -> Admit:
         return cls(limiter, results, give_up, client, use_cache=settings.cache_ttl_s > 0,
-                   max_wait_s=settings.max_wait_s, jobs=jobs)
+                   max_wait_s=settings.max_wait_s, jobs=jobs, identities=identities)
 
     def take_turn(self, trip: Trip) -> Outcome | Park | DeadLetter | None:
         """Set ``trip.done``, ``trip.domain`` and ``trip.admission`` (and ``trip.response``
@@ -88,13 +92,15 @@ class Admit:
         booked = message.extra.get("slot")
         max_wait_s = self.max_wait_s if trip.job is None or self.jobs is None else \
             self.jobs.settings_for(trip.job).max_wait_s  # a job's own MAX_WAIT_S
+        jar_key = self.identities.jar_to_read(trip) if self.identities is not None else None
         trip.progress.enter("admit")
         for _ in range(PARK_TRIES):
             with multi.yielding():  # the loop's other tasks run while Redis answers
                 trip.admission = admission = self.limiter.admit(
                     domain, rate, cache_url=url if self.use_cache else None, done=done,
                     booked_ms=booked if type(booked) is int else 0,
-                    max_wait_ms=wait_left_ms(message, max_wait_s), job=trip.job)
+                    max_wait_ms=wait_left_ms(message, max_wait_s), job=trip.job,
+                    jar_key=jar_key)
             if admission.jobs_version is not None and self.jobs is not None:
                 self.jobs.note_version(admission.jobs_version)
             if admission.job_verdict != "paused" or self._parked(trip):

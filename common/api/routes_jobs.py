@@ -11,7 +11,6 @@ results are in routes_jobs_stream.py and routes_jobs_results.py.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -19,7 +18,6 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from common.api.deps import Admin, Reader, redis_of, settings_of
-from common.core.redact import redact_url
 from common.jobs.progress import RunProgress, measure
 from common.jobs.registry import JobRef, JobRegistry, JobState, JobStateError
 from common.jobs.spec import BadJob, JobSpec, parse_job
@@ -65,6 +63,9 @@ class JobDefinition(BaseModel):
     limits: _ANY | None = Field(None, description="pages, depth, duration, bytes")
     schedule: _ANY | None = Field(None, description="{every: 6h} or {cron: '0 3 * * *'}")
     webhooks: list[str] | str | None = Field(None, description="URLs told when a run ends")
+    session: _ANY | None = Field(None, description="cookies, pool, retire_statuses, "
+                                 "max_retires, max_uses, login (docs/real-web.md)")
+    proxies: _ANY | None = Field(None, description="urls, rotation (request or session)")
     settings: _ANY | None = Field(None, description="other per-job settings (JOB_KNOBS)")
 
 
@@ -205,9 +206,7 @@ def show_job(request: Request, caller: Reader, name: str) -> JobDetail:
     state = state_or_404(registry, name)
     spec = registry.spec(name)
     [progress] = measure(registry.client, [state])
-    definition = json.loads(spec.to_json()) if spec else None
-    if definition:  # a hook's URL may carry its secret (?token=…, user:password@)
-        definition["webhooks"] = [redact_url(url) for url in definition["webhooks"]]
+    definition = spec.shown() if spec else None  # webhook and proxy secrets redacted
     return JobDetail(state=state, definition=definition,
                      seeds=registry.client.llen(job_seeds_key(name)),
                      schedule=schedule_text(spec), progress=progress,

@@ -119,6 +119,14 @@ class JobSpec:
         return {env: ",".join(redact_url(u.strip()) for u in raw.split(","))
                 if env in SECRET_KNOBS and raw else raw for env, raw in self.knobs.items()}
 
+    def shown(self) -> dict[str, Any]:
+        """The stored definition as ``job show --json`` and the API may show it: webhook URLs
+        (a hook's secret: ?token=…) and proxy credentials redacted."""
+        body = json.loads(self.to_json())
+        body["webhooks"] = [redact_url(url) for url in body["webhooks"]]
+        body["knobs"] = self.shown_knobs()
+        return body
+
     def overrides(self) -> dict[str, Any]:
         """Settings attribute -> parsed value, for each knob the job sets."""
         return {_KNOB[env].attr: _KNOB[env].parse(raw) for env, raw in self.knobs.items()}

@@ -158,7 +158,7 @@ def show(settings: Settings, registry: JobRegistry, name: str, as_json: bool) ->
     seeds = registry.client.llen(job_seeds_key(name))
     if as_json:
         print(json.dumps({"state": json.loads(dumps(state)),
-                          "definition": json.loads(spec.to_json()) if spec else None,
+                          "definition": spec.shown() if spec else None,
                           "seeds": seeds, "progress": progress.as_dict(),
                           "domains": domains}, indent=2))
         return cli.EXIT_OK

@@ -78,8 +78,8 @@ def show_lines(state: JobState, spec: JobSpec | None, seeds: int, progress: RunP
         lines.append(f"  seeds: {seeds:,} URLs, {len(spec.sitemaps)} sitemaps; priority "
                      f"{spec.priority}; limits: {_limits(spec)}; schedule: "
                      f"{schedule_text(spec)}")
-        if spec.knobs:
-            shown = ", ".join(f"{k}={_short(v)}" for k, v in sorted(spec.knobs.items()))
+        if spec.knobs:  # proxy credentials redacted
+            shown = ", ".join(f"{k}={_short(v)}" for k, v in sorted(spec.shown_knobs().items()))
             lines.append(f"  settings: {escape_controls(shown)}")
         if spec.rate_limit:
             amount, window_ms = spec.rate_limit

@@ -157,6 +157,18 @@ def test_a_taken_name_and_commands_the_state_forbids_are_409_with_the_registrys_
         "cancelled by a user")
 
 
+@pytest.fixture
+def cli_job_check(settings, capsys):
+    """``scrape-fleet job show NAME``'s output."""
+    from common.ops.cli_job import job_main
+
+    def show(name: str) -> str:
+        assert job_main(settings, ["show", name], prog="scrape-fleet job") == 0
+        assert job_main(settings, ["show", name, "--json"], prog="scrape-fleet job") == 0
+        return capsys.readouterr().out
+    return show
+
+
 def test_a_jobs_webhook_secrets_are_not_shown(api, redis_client):
     hook = "https://127.0.0.1/done?token=s3cret-value&run=1"  # userinfo is refused
     JobRegistry(redis_client).submit(parse_job({**GOOD, "webhooks": [hook]}))
@@ -164,6 +176,20 @@ def test_a_jobs_webhook_secrets_are_not_shown(api, redis_client):
     assert shown.status_code == 200 and shown.json()["definition"]["webhooks"] == [
         "https://127.0.0.1/done?run=1&token=***"]  # canonical order
     assert "s3cret-value" not in shown.text
+
+
+def test_a_job_with_sessions_and_proxies_is_taken_over_http_and_its_proxy_password_not_shown(
+        api, cli_job_check):
+    body = {**GOOD, "session": {"cookies": True, "pool": 3},
+            "proxies": {"urls": ["http://bob:pr0xy-secret@127.0.0.1:3128"],
+                        "rotation": "session"}}
+    created = api.call("POST", "/api/jobs", json=body)
+    assert created.status_code == 201, created.text
+    shown = api.call("GET", "/api/jobs/alpha", token="read")
+    knobs = shown.json()["definition"]["knobs"]
+    assert knobs["SESSION_POOL_SIZE"] == "3" and knobs["PROXY_ROTATION"] == "session"
+    assert knobs["PROXY_URLS"] == "http://bob:***@127.0.0.1:3128"
+    assert "pr0xy-secret" not in shown.text and "pr0xy-secret" not in cli_job_check("alpha")
 
 
 def test_the_progress_stream_ends_with_an_end_event_when_the_job_is_cancelled(

@@ -22,7 +22,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -33,9 +32,9 @@ from pathlib import Path
 from types import TracebackType
 
 from bench.farm_pages import Site, page_html, paragraph_pool
+from devtools.nginx_site import find_nginx
 
 FIRST_HOST = ipaddress.IPv4Address("127.0.0.2")
-NGINX_BIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/usr/local/nginx/sbin")
 
 
 @dataclass
@@ -157,17 +156,6 @@ def _free_port_on_all(hosts: list[str], attempts: int = 50) -> int:
             for sock in socks:
                 sock.close()
     raise RuntimeError("no port free on every farm address")
-
-
-def find_nginx() -> str | None:
-    found = shutil.which("nginx")
-    if found:
-        return found
-    for directory in NGINX_BIN_DIRS:
-        candidate = Path(directory) / "nginx"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
 
 
 @dataclass(frozen=True)

@@ -9,19 +9,15 @@ import resource
 import struct
 import tracemalloc
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import brotli
 import pytest
 import zstandard
 
-from common.core.config import Settings
 from common.core.errors import FetchError
 from common.web.decoding import OFFERED_ENCODINGS, DecodeError, Decoder, decode_body
-from common.web.fetch import Fetcher, FetchResult
-from common.web.multi import FetchLoop
 from devtools.testsite import ENCODERS, RequestRecord
-from tests.helpers import in_fetch_loop
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 MiB = 1024 * 1024
@@ -208,38 +204,6 @@ def test_decode_body_reads_an_archived_body_back_like_the_write_callback(bombs, 
 
 
 # -- fetched from the loopback test site ---------------------------------------------------------
-
-
-class _LoopFetcher(Fetcher):
-    """A Fetcher whose every fetch runs as a task of a fetch loop, as in a worker."""
-
-    def __init__(self, settings: Settings, loop: FetchLoop) -> None:
-        super().__init__(settings)
-        self.loop = loop
-
-    def fetch(self, url: str, **kwargs: object) -> FetchResult:  # type: ignore[override]
-        return in_fetch_loop(self.loop, super().fetch, url, **kwargs)
-
-
-@pytest.fixture(params=["thread", "loop"])
-def make_fetcher(request) -> Iterator[Callable[..., Fetcher]]:
-    """``make_fetcher(**overrides)``: a loopback-allowed Fetcher fetching in the test's thread
-    or in a fetch loop's task (as workers do), closed after."""
-    made: list[Fetcher] = []
-    loop = FetchLoop() if request.param == "loop" else None
-
-    def make(**overrides: object) -> Fetcher:
-        settings = Settings().with_overrides(**{"fetch_allow_networks": LOOPBACK,
-                                                **overrides})
-        fetcher = Fetcher(settings) if loop is None else _LoopFetcher(settings, loop)
-        made.append(fetcher)
-        return fetcher
-
-    yield make
-    for fetcher in made:
-        fetcher.close()
-    if loop is not None:
-        loop.close()
 
 
 def _static(headers: dict[str, str], body: bytes) -> Callable:

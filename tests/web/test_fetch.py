@@ -19,7 +19,7 @@ import threading
 import time
 import tracemalloc
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import TracebackType
 
 import pytest
@@ -27,10 +27,8 @@ import pytest
 from common.core.config import Settings
 from common.core.errors import FetchError
 from common.web.fetch import Fetcher, FetchResult
-from common.web.multi import FetchLoop
 from common.web.netguard import parse_networks
 from devtools.testsite import RequestRecord, TestSite
-from tests.helpers import in_fetch_loop
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 ONLY_127_0_0_1 = parse_networks("127.0.0.1/32")
@@ -38,40 +36,6 @@ MiB = 1024 * 1024
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-class _LoopFetcher(Fetcher):
-    """A Fetcher whose every fetch runs as a task of a fetch loop, as in a worker."""
-
-    def __init__(self, settings: Settings, loop: FetchLoop) -> None:
-        super().__init__(settings)
-        self.loop = loop
-
-    def fetch(self, url: str, **kwargs: object) -> FetchResult:  # type: ignore[override]
-        return in_fetch_loop(self.loop, super().fetch, url, **kwargs)
-
-
-@pytest.fixture(params=["thread", "loop"])
-def make_fetcher(request) -> Iterator[Callable[..., Fetcher]]:
-    """``make_fetcher(**overrides)``: a Fetcher whose settings allow 127.0.0.0/8 unless the
-    overrides say otherwise, closed after. Every test using it runs twice: fetching in the
-    test's thread (tools, producers) and in a fetch loop's task (workers, multi.py)."""
-    made: list[Fetcher] = []
-    loop = FetchLoop() if request.param == "loop" else None
-
-    def make(**overrides: object) -> Fetcher:
-        fields: dict[str, object] = {"fetch_allow_networks": LOOPBACK}
-        fields.update(overrides)
-        settings = Settings().with_overrides(**fields)
-        fetcher = Fetcher(settings) if loop is None else _LoopFetcher(settings, loop)
-        made.append(fetcher)
-        return fetcher
-
-    yield make
-    for fetcher in made:
-        fetcher.close()
-    if loop is not None:
-        loop.close()
 
 
 def _fetch_error(fetcher: Fetcher, url: str, **kwargs: object) -> FetchError:

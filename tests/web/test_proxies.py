@@ -194,19 +194,8 @@ PROXY_PASSWORD = "pr0xy-s3cret"
 
 
 @pytest.fixture
-def make_fetcher() -> Iterator[Callable[..., Fetcher]]:
-    """``make_fetcher(**overrides)``: a Fetcher allowed onto 127.0.0.0/8, closed after."""
-    made: list[Fetcher] = []
-
-    def make(**overrides: object) -> Fetcher:
-        fields: dict[str, object] = {"fetch_allow_networks": LOOPBACK}
-        fields.update(overrides)
-        made.append(Fetcher(Settings().with_overrides(**fields)))
-        return made[-1]
-
-    yield make
-    for fetcher in made:
-        fetcher.close()
+def make_fetcher(make_thread_fetcher: Callable[..., Fetcher]) -> Callable[..., Fetcher]:
+    return make_thread_fetcher  # the fetch loop's path is tests/web/test_fetch.py's
 
 
 @pytest.fixture(scope="module")

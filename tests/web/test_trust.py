@@ -77,18 +77,8 @@ def wrong_host(pki: Pki, docroot: Path) -> Iterator[NginxSite]:
 
 
 @pytest.fixture
-def make_fetcher() -> Iterator[Callable[..., Fetcher]]:
-    """``make_fetcher(**overrides)``: a Fetcher allowed onto 127.0.0.0/8, closed after."""
-    made: list[Fetcher] = []
-
-    def make(**overrides: object) -> Fetcher:
-        fetcher = Fetcher(Settings().with_overrides(fetch_allow_networks=LOOPBACK, **overrides))
-        made.append(fetcher)
-        return fetcher
-
-    yield make
-    for fetcher in made:
-        fetcher.close()
+def make_fetcher(make_thread_fetcher: Callable[..., Fetcher]) -> Callable[..., Fetcher]:
+    return make_thread_fetcher  # the fetch loop's path is tests/web/test_fetch.py's
 
 
 def _fetch_error(fetcher: Fetcher, url: str) -> FetchError:

@@ -1,0 +1,58 @@
+"""Fetchers for the tests of common/web: allowed onto 127.0.0.0/8 (the loopback sites), closed
+after the test. ``make_fetcher`` runs each test twice, fetching in the test's thread (tools,
+producers) and in a fetch loop's task (workers, multi.py); ``make_thread_fetcher`` only the
+first."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from common.core.config import Settings
+from common.web.fetch import Fetcher, FetchResult
+from common.web.multi import FetchLoop
+from tests.helpers import in_fetch_loop
+
+LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
+
+
+class LoopFetcher(Fetcher):
+    """A Fetcher whose every fetch runs as a task of a fetch loop, as in a worker."""
+
+    def __init__(self, settings: Settings, loop: FetchLoop) -> None:
+        super().__init__(settings)
+        self.loop = loop
+
+    def fetch(self, url: str, **kwargs: object) -> FetchResult:  # type: ignore[override]
+        return in_fetch_loop(self.loop, super().fetch, url, **kwargs)
+
+
+def _fetchers(loop: FetchLoop | None) -> Iterator[Callable[..., Fetcher]]:
+    made: list[Fetcher] = []
+
+    def make(**overrides: object) -> Fetcher:
+        settings = Settings().with_overrides(**{"fetch_allow_networks": LOOPBACK,
+                                                **overrides})
+        fetcher = Fetcher(settings) if loop is None else LoopFetcher(settings, loop)
+        made.append(fetcher)
+        return fetcher
+
+    yield make
+    for fetcher in made:
+        fetcher.close()
+    if loop is not None:
+        loop.close()
+
+
+@pytest.fixture(params=["thread", "loop"])
+def make_fetcher(request) -> Iterator[Callable[..., Fetcher]]:
+    """``make_fetcher(**overrides)``: a Fetcher with these settings over the loopback ones."""
+    yield from _fetchers(FetchLoop() if request.param == "loop" else None)
+
+
+@pytest.fixture
+def make_thread_fetcher() -> Iterator[Callable[..., Fetcher]]:
+    """As ``make_fetcher``, fetching in the test's thread only."""
+    yield from _fetchers(None)

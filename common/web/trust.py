@@ -15,8 +15,8 @@ certificate stops the process at start (:class:`ConfigError`), naming the variab
 than failing every HTTPS fetch later.
 
 FETCH_INSECURE_DOMAINS turns the checks off for the hosts it names (and their subdomains): the
-explicit, loud escape hatch. Each process warns at start; each such response is counted and its
-record says ``tls_verified: false``.
+explicit, loud escape hatch. Each process warns at start; each such response's record says
+``tls_verified: false``.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from common.broker.topology import HOLD_LEVELS_MS, hold_name
 from common.intake.producer import Producer
 from common.web.ratelimit import RateLimiter
 from devtools.testsite import TestSite
-from common.broker.topology import HOLD_LEVELS_MS, hold_name
 from tests.helpers import WorkerThread, queue_depth, results
 
 

@@ -52,7 +52,7 @@ class TrustSettings(SettingsGroup):
     fetch_insecure_domains: tuple[str, ...] = setting(
         "FETCH_INSECURE_DOMAINS", host_list, "",
         "Hosts (and their subdomains) fetched WITHOUT checking their certificate: a staging "
-        "site's self-signed one. Logged as a warning at start, counted, and marked "
+        "site's self-signed one. Logged as a warning at start by every process, and marked "
         "`tls_verified: false` in each record. Prefer FETCH_CA_BUNDLE.")
 
 

@@ -5,8 +5,10 @@
 * FETCH_CA_BUNDLE: a PEM file, or a directory whose ``*.pem``/``*.crt``/``*.cer`` files are
   read in name order: a private CA, a staging site's, a TLS-inspecting proxy's. FETCH_CA_MODE
   ``add`` (the default) trusts them besides certifi's roots; ``replace`` trusts only them.
-* SSL_CERT_FILE, OpenSSL's own variable: honoured as OpenSSL does (its file replaces the default
-  roots) when FETCH_CA_BUNDLE is empty.
+* SSL_CERT_FILE, OpenSSL's own variable, read from the process's environment as OpenSSL reads
+  it (it is not a setting: compose does not carry a host's path into a container, local mode
+  does not keep it): its file replaces certifi's roots as the default roots, which
+  FETCH_CA_BUNDLE then adds to or replaces.
 
 libcurl takes one CA file (CAINFO; CAPATH wants OpenSSL's hashed names), so ``add`` and a
 directory are written once per process into one file of this process's own (mode 0600, removed
@@ -50,7 +52,7 @@ def ca_file(settings: Settings) -> str:
     Raises:
         ConfigError: FETCH_CA_BUNDLE or SSL_CERT_FILE cannot be read or holds no certificate.
     """
-    key = (settings.fetch_ca_bundle, settings.fetch_ca_mode, settings.ssl_cert_file)
+    key = (settings.fetch_ca_bundle, settings.fetch_ca_mode, os.environ.get("SSL_CERT_FILE", ""))
     with _lock:
         found = _files.get(key)
         if found is None:
@@ -72,18 +74,19 @@ def insecure(settings: Settings, host: str | None) -> bool:
 
 
 def _build(bundle: str, mode: str, ssl_cert_file: str) -> str:
+    roots = certifi.where()  # the default roots: certifi's, or SSL_CERT_FILE's as OpenSSL does
+    if ssl_cert_file:
+        if Path(ssl_cert_file).is_dir():
+            raise ConfigError(f"SSL_CERT_FILE={ssl_cert_file!r} is a directory: name a "
+                              "PEM file, or give the directory as FETCH_CA_BUNDLE")
+        _certificates(Path(ssl_cert_file), "SSL_CERT_FILE")  # readable, and has one
+        roots = ssl_cert_file
     if not bundle:
-        if ssl_cert_file:
-            if Path(ssl_cert_file).is_dir():
-                raise ConfigError(f"SSL_CERT_FILE={ssl_cert_file!r} is a directory: name a "
-                                  "PEM file, or give the directory as FETCH_CA_BUNDLE")
-            _certificates(Path(ssl_cert_file), "SSL_CERT_FILE")  # readable, and has one
-            return ssl_cert_file
-        return certifi.where()
+        return roots
     pems = _certificates(Path(bundle), "FETCH_CA_BUNDLE")
     if mode == "replace" and Path(bundle).is_file():
         return bundle
-    parts = [Path(certifi.where()).read_bytes()] if mode == "add" else []
+    parts = [Path(roots).read_bytes()] if mode == "add" else []
     parts.extend(pems)
     handle, path = tempfile.mkstemp(prefix="scrape-fleet-ca-", suffix=".pem")
     with os.fdopen(handle, "wb") as out:

@@ -44,11 +44,8 @@ class TrustSettings(SettingsGroup):
     fetch_ca_mode: str = setting(
         "FETCH_CA_MODE", values.choice("add", "replace"), "add",
         "`add`: FETCH_CA_BUNDLE's authorities are trusted besides the default roots "
-        "(certifi's); `replace`: only they are.")
-    ssl_cert_file: str = setting(
-        "SSL_CERT_FILE", values.text, "",
-        "OpenSSL's variable, honoured as OpenSSL does: this PEM file replaces the default "
-        "roots (when FETCH_CA_BUNDLE is empty; FETCH_CA_BUNDLE wins).")
+        "(certifi's; or OpenSSL's SSL_CERT_FILE, when the environment sets it, which replaces "
+        "them as OpenSSL does); `replace`: only they are.")
     fetch_insecure_domains: tuple[str, ...] = setting(
         "FETCH_INSECURE_DOMAINS", host_list, "",
         "Hosts (and their subdomains) fetched WITHOUT checking their certificate: a staging "

@@ -35,6 +35,9 @@ WAITING=(
     tests/intake/test_producer_faults.py
     tests/test_jobs_fleet.py
     tests/test_jobs_fairness.py
+    tests/test_proxies_fleet.py
+    tests/test_sessions_fleet.py
+    tests/test_login_fleet.py
 )
 
 split=1

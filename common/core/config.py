@@ -47,6 +47,7 @@ from common.core.settings import (
     ReconnectSettings,
     RecrawlSettings,
     RedisSettings,
+    RenderSettings,
     SessionSettings,
     SinkSettings,
     StateSettings,
@@ -66,7 +67,7 @@ G = TypeVar("G", bound=SettingsGroup)
 @dataclass(frozen=True, repr=False)
 class Settings(OpsSettings, ApiSettings, JobSettings, RecrawlSettings, SinkSettings, PressureSettings, PageLimitSettings,
                ArchiveSettings, ExtractSettings, CrawlSettings, BackoffSettings, CacheSettings,
-               PolitenessSettings, IntakeSettings, StateSettings, ProxySettings,
+               PolitenessSettings, IntakeSettings, StateSettings, RenderSettings, ProxySettings,
                SessionSettings, TrustSettings, FetchSettings,
                WorkerSettings, ReconnectSettings, RedisSettings, BrokerSettings):
     """Typed, immutable settings: every group's fields in one object. Build with

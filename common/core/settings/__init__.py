@@ -40,13 +40,18 @@ from common.core.settings.pages import (
     PageLimitSettings,
     PressureSettings,
 )
-from common.core.settings.sessions import ProxySettings, SessionSettings, TrustSettings
+from common.core.settings.sessions import (
+    ProxySettings,
+    RenderSettings,
+    SessionSettings,
+    TrustSettings,
+)
 
 __all__ = [
     "ApiSettings", "ArchiveSettings", "BackoffSettings", "BrokerSettings", "CacheSettings", "CrawlSettings",
     "ExtractSettings", "FetchSettings", "IntakeSettings", "JobSettings", "Knob", "OpsSettings",
     "PageLimitSettings", "PolitenessSettings", "PressureSettings", "ProxySettings",
     "ReconnectSettings",
-    "RecrawlSettings", "RedisSettings", "SessionSettings", "SettingsGroup", "SinkSettings",
+    "RecrawlSettings", "RedisSettings", "RenderSettings", "SessionSettings", "SettingsGroup", "SinkSettings",
     "StateSettings", "TrustSettings", "WorkerSettings", "setting",
 ]

@@ -1,5 +1,6 @@
 """Settings groups of the real web: whom the fleet trusts (TLS), who it is to a site (cookies
-and sessions, a login), and which way its requests go (proxies).
+and sessions, a login), which way its requests go (proxies), and the browser that renders
+the pages that need one.
 
 Each field is declared once with :func:`~common.core.settings.declare.setting`; docs/real-web.md
 says how they work together.
@@ -105,3 +106,29 @@ class ProxySettings(SettingsGroup):
         "PROXY_REST_S", values.positive_float, "60",
         "A proxy that failed (refused, timed out, answered 407 or 5xx to CONNECT) rests this "
         "long, fleet-wide; its URL is tried again through another.")
+
+
+@dataclass(frozen=True, repr=False)
+class RenderSettings(SettingsGroup):
+    """Pages that need a browser: the Chromium the render workers drive, and its bounds."""
+
+    browser_executable: str = setting(
+        "BROWSER_EXECUTABLE", values.text, "/usr/bin/chromium",
+        "The Chromium the render workers drive (the distribution's package; no browser is "
+        "ever downloaded).")
+    render_timeout_s: float = setting(
+        "RENDER_TIMEOUT_S", values.positive_float, "30",
+        "Longest a page may take to render (load, scripts, waiting for its content); past it "
+        "the page is closed and the fetch fails as a timeout.")
+    render_block_types: str = setting(
+        "RENDER_BLOCK_TYPES", values.text, "image,font,media",
+        "Request types a rendering page may not make (Chromium's resource types: image, font, "
+        "media, stylesheet, script, xhr, fetch, websocket, ...), comma-separated.")
+    render_max_dom_nodes: int = setting(
+        "RENDER_MAX_DOM_NODES", values.positive_int, "200000",
+        "A rendered page with more DOM nodes than this is refused (fetch_invalid), as a "
+        "parsed one is (MAX_PAGE_TAGS).")
+    render_pages_per_browser: int = setting(
+        "RENDER_PAGES_PER_BROWSER", values.positive_int, "200",
+        "Pages a browser renders before it is closed and a fresh one started (leaks end "
+        "with it).")

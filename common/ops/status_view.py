@@ -184,6 +184,10 @@ def _queue_lines(snapshot: dict[str, Any], fitted: bool) -> list[str]:
     return lines + [f"{'hold.* (delayed)':<16}{snapshot['delayed']:>9}"]
 
 
+#: stats:counters of the session pools and logins (common/work/identities.py, sessions.py).
+SESSION_COUNTERS = ("sessions_retired", "session_logins", "session_logins_failed")
+
+
 def _counters_line(snapshot: dict[str, Any]) -> str:
     cache = snapshot["cache"]
     ratio = "-" if cache["hit_ratio"] is None else f"{cache['hit_ratio']:.2f}"
@@ -192,6 +196,12 @@ def _counters_line(snapshot: dict[str, Any]) -> str:
             f"  cache hit ratio: {ratio}")
     if snapshot["user_code_stopped"]:  # rules and EXTRACTOR stopped: see data_errors
         line += f"  user code stopped: {snapshot['user_code_stopped']}"
+    counters = snapshot.get("counters") or {}
+    sessions = {name: int(counters.get(name, 0)) for name in SESSION_COUNTERS}
+    if any(sessions.values()):  # session pools and logins (docs/real-web.md)
+        line += (f"  sessions retired: {sessions['sessions_retired']:,}  logins: "
+                 f"{sessions['session_logins']:,} ({sessions['session_logins_failed']:,} "
+                 "failed)")
     return line
 
 

@@ -118,3 +118,12 @@ def test_a_snapshot_without_workers_or_domains_still_says_so():
 
     assert lines[-1] == "workers alive: 0" and not any("more" in line for line in lines)
     assert not any(line.startswith(("domains", "throttled", "deferred")) for line in lines)
+
+
+def test_the_counters_line_shows_session_retires_and_logins_only_once_there_are_some():
+    snapshot = _busy_snapshot()
+    snapshot["counters"] = {"retries": 900}
+    assert "sessions retired" not in status_view.render(snapshot)
+    snapshot["counters"] = {"sessions_retired": 12, "session_logins": 4,
+                            "session_logins_failed": 1}
+    assert "sessions retired: 12  logins: 4 (1 failed)" in status_view.render(snapshot)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import socket
 from typing import Protocol
+from urllib.parse import SplitResult
 
 import pycurl
 
@@ -225,6 +226,17 @@ def parse_head(block: bytes) -> tuple[int, list[bytes], bytes]:
         elif not 100 <= status < 200:
             break
     return status, lines, block[start:]
+
+
+def pin(curl: pycurl.Curl, parts: SplitResult, addresses: tuple[str, ...]) -> str:
+    """Make ``curl`` use ``addresses`` for the URL's host (CURLOPT_RESOLVE), so a name that
+    re-resolves elsewhere between the guard's check and the connection (DNS rebinding) gets
+    nowhere the guard did not allow; returns the ``host:port`` to undo with ``-host:port``
+    when the fetch ends."""
+    entry = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    joined = ",".join(f"[{a}]" if ":" in a else a for a in addresses)
+    curl.setopt(pycurl.RESOLVE, [f"{entry}:{joined}"])
+    return entry
 
 
 def new_easy_handle(settings: Settings, transfer: Transfer) -> pycurl.Curl:

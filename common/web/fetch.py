@@ -50,10 +50,10 @@ from common.core.redact import redact_url
 from common.core.urls import without_credentials
 from common.web import multi, trust
 from common.web.capture import ArchivingTransfer, Exchange
-from common.web.curl import BASE_HEADERS, MAX_HEADER_LINES, Transfer, new_easy_handle
+from common.web.curl import BASE_HEADERS, MAX_HEADER_LINES, Transfer, new_easy_handle, pin
 from common.web.curl_errors import classify
 from common.web.identity import CookieJar, Identity
-from common.web.netguard import AddressGuard, resolve
+from common.web.netguard import AddressGuard
 
 __all__ = ["MAX_HEADER_LINES", "CookieJar", "FetchResult", "Fetcher", "Identity"]
 
@@ -100,6 +100,7 @@ class _Handle:
     transfer: Transfer
     generation: int
     verifies: bool = True  # SSL_VERIFYPEER/HOST on (off for FETCH_INSECURE_DOMAINS' hosts)
+    pinned: list[str] = field(default_factory=list)  # "host:port" given CURLOPT_RESOLVE
 
 
 class Fetcher:
@@ -218,6 +219,9 @@ class Fetcher:
                 curl.setopt(pycurl.HTTPHEADER, list(BASE_HEADERS))
             if proxy:
                 curl.setopt(pycurl.PROXY, "")
+            if handle.pinned:
+                curl.setopt(pycurl.RESOLVE, [f"-{entry}" for entry in handle.pinned])
+                handle.pinned.clear()
             if form is not None:
                 curl.setopt(pycurl.HTTPGET, 1)
             self._give_back(handle)
@@ -246,7 +250,9 @@ class Fetcher:
             curl.setopt(pycurl.HTTPHEADER, lines)
         parts = urlsplit(url)
         if proxy:
-            self._check_target(parts.hostname)
+            addresses = self.guard.check_target(parts.hostname)  # FetchError: blocked
+            if addresses and proxy.startswith("socks5:"):  # libcurl resolves for the proxy:
+                handle.pinned.append(pin(curl, parts, addresses))  # to what was checked
         if parts.scheme != "https":
             return None, bool(cookie)
         checked = not trust.insecure(self.settings, parts.hostname)
@@ -255,16 +261,6 @@ class Fetcher:
             curl.setopt(pycurl.SSL_VERIFYHOST, 2 if checked else 0)
             handle.verifies = checked
         return checked, bool(cookie)
-
-    def _check_target(self, host: str | None) -> None:
-        """Through a proxy libcurl connects to the proxy only: the address guard's rules for
-        the target are applied here, to every address the target's name resolves to."""
-        if not host:
-            return
-        refused = [address for address in resolve(host) if not self.guard.allowed(address)]
-        if refused:
-            raise FetchError(self.guard.reason(", ".join(sorted(set(refused))))
-                             + " (asked of a proxy)", kind="blocked")
 
     def _connection(self, curl: pycurl.Curl, proxy: str | None, verified: bool | None,
                     cookies_sent: bool) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from common.core.errors import ConfigError
+from common.core.errors import ConfigError, FetchError
 from common.core.values import IPNetwork, parse_networks
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -56,6 +56,23 @@ class AddressGuard:
 
     def reason(self, address: str) -> str:
         return f"connection to {address} refused by the address guard (FETCH_ALLOW_NETWORKS)"
+
+    def check_target(self, host: str | None) -> tuple[str, ...]:
+        """A target asked of a proxy, whose own connection the open-socket callback sees
+        instead: every address ``host`` resolves to must be allowed. Returns them (empty for
+        an address literal, or a name that does not resolve here: the proxy may know it).
+
+        Raises:
+            FetchError: kind ``blocked``, one of them is refused.
+        """
+        if not host:
+            return ()
+        addresses = resolve(host)
+        refused = [address for address in addresses if not self.allowed(address)]
+        if refused:
+            raise FetchError(self.reason(", ".join(sorted(set(refused)))) + " (asked of a proxy)",
+                             kind="blocked")
+        return () if addresses == (host.strip("[]"),) else addresses
 
 
 def guard_from_setting(raw: str) -> AddressGuard:

@@ -365,3 +365,21 @@ def test_robots_txt_and_sitemaps_go_through_the_fleets_proxies(
     assert ("GET", site.url("/robots.txt")) in asked
     [stats] = read_stats(redis_client).values()
     assert stats["served"] == 1 and stats["name"] == proxy.url
+
+
+def test_a_socks5_target_is_pinned_to_the_addresses_the_guard_checked(
+        make_fetcher, site: TestSite, dante: Dante, monkeypatch: pytest.MonkeyPatch) -> None:
+    # libcurl resolves "localhost" to ::1 first, which dante cannot reach; the guard resolved
+    # (here: was told) 127.0.0.1 only, and the fetch must go exactly there (CURLOPT_RESOLVE),
+    # never to an address libcurl found by asking again (DNS rebinding).
+    from common.web import netguard
+
+    monkeypatch.setattr(netguard, "resolve", lambda host: ("127.0.0.1",))
+    fetcher = make_fetcher()
+    url = f"http://localhost:{site.port}/page/2"
+    for _ in range(2):  # the pin is undone after each fetch and set again
+        result = fetcher.fetch(url, identity=Identity(proxy=dante.url))
+        assert result.status == 200 and b"Page 2" in result.body
+    assert dante.connections().count(("127.0.0.1", site.port)) >= 2
+    direct = fetcher.fetch(site.page_url(3))  # the same handle, no proxy: nothing pinned left
+    assert direct.status == 200 and direct.proxy is None

@@ -7,7 +7,9 @@ The fetch step (common/work/steps/fetch.py) asks :meth:`Identities.begin` for th
 URL (only when some rule has a ``cookies`` or ``proxies`` key: otherwise no rule is looked at):
 
 * cookies (COOKIES_ENABLED, a rule's ``cookies: false``): the page's session and its jar
-  (common/web/sessions.py), one Redis round trip; a page that set no cookie writes nothing back;
+  (common/web/sessions.py): without a pool the admit script brought the jar with the page's
+  turn (:meth:`Identities.jar_to_read`), with one a round trip opens a slot; a page that set no
+  cookie writes nothing back;
 * the proxy (PROXY_URLS, a job's ``proxies.urls``, a rule's ``proxies``; ``false``: direct):
   :class:`~common.web.proxies.ProxyPool` chooses, sticky to the session under
   PROXY_ROTATION=session; a ``proxy`` fetch error rests it (the URL is retried, the kind is
@@ -226,8 +228,9 @@ class Identities:
 
     def _logs_in(self, raw: str, site: str) -> bool:
         """Whether a login applies to ``site``'s sessions: its URL's site, a subdomain of it
-        or one it is a subdomain of (a login at auth.shop.example for www.shop.example); the
-        job's other sites are crawled without logging in. A spec that cannot be read: True
+        or a domain it is a subdomain of (a login at auth.shop.example for shop.example, one at
+        shop.example for www.shop.example); the job's other sites are crawled without
+        logging in. A spec that cannot be read: True
         (the page is dead-lettered saying why)."""
         spec = self._login_spec(raw)
         if not isinstance(spec, LoginSpec):

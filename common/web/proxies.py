@@ -237,3 +237,8 @@ class FleetProxies:
         if proxy is not None:
             self.pool.served(proxy)
         return response
+
+    def flush(self) -> None:
+        """The process stops: the buffered counters go to Redis."""
+        if self.pool is not None:
+            self.pool.flush()

@@ -161,6 +161,7 @@ class Processor:
         self.identities.flush()
         self.fetcher.close()
         if self.gate is not None:
+            self.gate.proxies.flush()  # robots.txt's proxies' counters
             self.gate.fetcher.close()
         self.hand_off.close()
         self.archive.close()

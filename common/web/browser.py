@@ -1,0 +1,279 @@
+"""Rendering a page in headless Chromium, every request it makes under the address guard.
+
+The distribution's Chromium (BROWSER_EXECUTABLE) is driven by Playwright for Python through
+``executable_path``; no browser is ever downloaded. Playwright documents that it supports only
+the Chromium builds it bundles: its protocol calls are those of its own Chromium version, and a
+distribution's Chromium of another version works as long as the DevTools protocol calls it
+uses have not changed (tests/web/test_browser.py runs against the installed one).
+
+Each render gets a fresh browser context (no cookies, cache or storage from another page), its
+requests pass :func:`~common.web.browser_guard.refusal` in the page's interception, and every
+connection Chromium opens goes through a :class:`~common.web.browser_guard.GuardProxy`. The
+browser is closed and a fresh one launched every RENDER_PAGES_PER_BROWSER pages; closing it
+kills its process groups, so no Chromium outlives it.
+
+Threads: Playwright's sync API runs its own event loop in greenlets of the thread that starts
+it. A :class:`Browser` is used from one thread only, and never from a
+:class:`~common.web.multi.FetchLoop` task (a greenlet of another loop): a render worker gives a
+browser a thread of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import Playwright, Request, Route, WebSocketRoute, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from common.core.errors import FetchError
+from common.web.browser_guard import GuardProxy, refusal
+from common.web.netguard import AddressGuard
+
+logger = logging.getLogger(__name__)
+
+#: Chromium's own traffic off (updates, safe browsing lists, sync, metrics, prefetching), and
+#: nothing around the guard proxy (WebRTC's UDP). No ``--disable-features``: Chromium keeps the
+#: last one given, and Playwright's own (network time, search preconnects, optimisation hints,
+#: and the redirect fix its interception needs) must stay.
+CHROMIUM_FLAGS = (
+    "--headless=new", "--disable-background-networking", "--disable-component-update",
+    "--no-first-run", "--disable-sync", "--disable-default-apps",
+    "--disable-domain-reliability", "--no-pings", "--dns-prefetch-disable",
+    "--disable-client-side-phishing-detection", "--metrics-recording-only",
+    "--disable-breakpad", "--no-default-browser-check",
+    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+    "--disable-dev-shm-usage",
+)
+_DOM_NODES_JS = "() => document.getElementsByTagName('*').length"
+#: One Playwright driver per thread (its sync API allows no second one in a thread), shared by
+#: that thread's browsers: [driver, users].
+_drivers = threading.local()
+
+
+def _driver() -> Playwright:
+    if getattr(_drivers, "users", 0) == 0:
+        _drivers.playwright = sync_playwright().start()
+        _drivers.users = 0
+    _drivers.users += 1
+    return _drivers.playwright
+
+
+def _release_driver() -> None:
+    _drivers.users -= 1
+    if _drivers.users == 0:
+        _drivers.playwright.stop()
+        _drivers.playwright = None
+
+
+@dataclass
+class RenderResult:
+    """A rendered page.
+
+    Attributes:
+        url: the URL asked for.
+        final_url: where the page ended (after HTTP and script redirects).
+        status: the HTTP status of the main document's last response.
+        html: the DOM serialised after rendering.
+        elapsed_ms: the whole render.
+        requests: every request the page made, as (url, resource type, verdict); the verdict
+            is ``allowed`` or ``refused: <reason>``.
+    """
+
+    url: str
+    final_url: str
+    status: int
+    html: str
+    elapsed_ms: float
+    requests: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+class Browser:
+    """One Chromium, rendering pages one at a time, recycled every ``pages_per_browser``.
+
+    Args:
+        executable: the Chromium binary (BROWSER_EXECUTABLE).
+        guard: the addresses its connections may go to (FETCH_ALLOW_NETWORKS).
+        timeout_s: longest a render takes (RENDER_TIMEOUT_S).
+        block_types: resource types refused (RENDER_BLOCK_TYPES).
+        max_dom_nodes: a larger rendered DOM is refused (RENDER_MAX_DOM_NODES).
+        pages_per_browser: renders before a fresh browser (RENDER_PAGES_PER_BROWSER).
+    """
+
+    def __init__(self, executable: str, guard: AddressGuard, *, timeout_s: float = 30.0,
+                 block_types: frozenset[str] = frozenset({"image", "font", "media"}),
+                 max_dom_nodes: int = 200_000, pages_per_browser: int = 200) -> None:
+        self.executable = executable
+        self.guard = guard
+        self.timeout_s = timeout_s
+        self.block_types = block_types
+        self.max_dom_nodes = max_dom_nodes
+        self.pages_per_browser = pages_per_browser
+        self.launches = 0  # browsers started so far
+        self.pages = 0  # pages rendered by the current browser
+        self._proxy = GuardProxy(guard)
+        self._playwright: Playwright | None = None
+        self._browser: Any = None
+        self._pids: set[int] = set()
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Browser:
+        return cls(settings.browser_executable, AddressGuard(settings.fetch_allow_networks),
+                   timeout_s=settings.render_timeout_s,
+                   block_types=frozenset(t.strip() for t in settings.render_block_types.split(",")
+                                         if t.strip()),
+                   max_dom_nodes=settings.render_max_dom_nodes,
+                   pages_per_browser=settings.render_pages_per_browser)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _launch(self) -> Any:
+        if self._playwright is None:
+            self._playwright = _driver()
+        before = chromium_pids()
+        args = [*CHROMIUM_FLAGS, f"--proxy-server={self._proxy.url}",
+                "--proxy-bypass-list=<-loopback>"]
+        if os.geteuid() == 0:
+            args.append("--no-sandbox")  # Chromium's sandbox refuses to run as root
+        self._browser = self._playwright.chromium.launch(
+            executable_path=self.executable, args=args, headless=True)
+        self._pids = chromium_pids() - before
+        self.launches += 1
+        self.pages = 0
+        logger.info("browser %s launched (%s, pids %s)", self.executable,
+                    self._browser.version, sorted(self._pids))
+        return self._browser
+
+    def _close_browser(self) -> None:
+        browser, self._browser = self._browser, None
+        if browser is not None:
+            try:
+                browser.close()
+            except PlaywrightError as exc:
+                logger.warning("browser close failed: %s", exc)
+        # The driver starts Chromium in a process group of its own: kill what is left of it.
+        for pid in self._pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # already gone with browser.close()
+        self._pids = set()
+
+    def close(self) -> None:
+        """Close the browser, its driver and the guard proxy; no Chromium is left running."""
+        self._close_browser()
+        if self._playwright is not None:
+            self._playwright = None
+            _release_driver()
+        self._proxy.close()
+
+    def __enter__(self) -> Browser:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def render(self, url: str, *, wait_for: str | None = None) -> RenderResult:
+        """Load ``url``, run its scripts, and return the DOM.
+
+        Args:
+            url: an http or https URL.
+            wait_for: a CSS selector to wait for after the load (content filled in later).
+
+        Raises:
+            FetchError: ``timeout`` past RENDER_TIMEOUT_S, ``invalid`` for a DOM over
+                RENDER_MAX_DOM_NODES, ``blocked`` when the guard refuses the page itself,
+                ``connection`` when it cannot be loaded.
+        """
+        why = refusal(url, "document", self.guard)
+        if why is not None:
+            raise FetchError(f"{url}: {why}", kind="blocked")
+        if self._browser is None or self.pages >= self.pages_per_browser:
+            self._close_browser()
+            self._launch()
+        self.pages += 1
+        started = time.monotonic()
+        deadline_ms = self.timeout_s * 1000
+        log: list[tuple[str, str, str]] = []
+        refused_before = self._proxy.refused_count
+        context = self._browser.new_context(service_workers="block")
+        try:
+            context.route("**/*", lambda route, request: self._check(route, request, log))
+            context.route_web_socket("**", lambda ws: self._check_socket(ws, log))
+            page = context.new_page()
+            page.set_default_timeout(deadline_ms)
+            response = page.goto(url, wait_until="load", timeout=deadline_ms)
+            if wait_for is not None:
+                left_ms = deadline_ms - (time.monotonic() - started) * 1000
+                page.wait_for_selector(wait_for, timeout=max(left_ms, 1), state="attached")
+            nodes = int(page.evaluate(_DOM_NODES_JS))
+            if nodes > self.max_dom_nodes:
+                raise FetchError(f"{url}: {nodes} DOM nodes, more than RENDER_MAX_DOM_NODES "
+                                 f"({self.max_dom_nodes})", kind="invalid")
+            html = page.content()
+            # Connections no request announced (a redirect's later hops, preconnects).
+            log.extend((target, "connection", "refused: by the guard proxy")
+                       for target in self._proxy.refused_since(refused_before))
+            return RenderResult(
+                url=url, final_url=page.url, status=response.status if response else 0,
+                html=html, elapsed_ms=(time.monotonic() - started) * 1000, requests=log)
+        except PlaywrightTimeout:
+            raise FetchError(f"{url}: not rendered within {self.timeout_s:g} s",
+                             kind="timeout") from None
+        except PlaywrightError as exc:
+            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise FetchError(f"{url}: {first_line}", kind="connection") from None
+        finally:
+            try:
+                context.close()
+            except PlaywrightError as exc:
+                logger.warning("closing the context of %s failed: %s", url, exc)
+
+    def _check(self, route: Route, request: Request, log: list[tuple[str, str, str]]) -> None:
+        why = refusal(request.url, request.resource_type, self.guard, self.block_types)
+        log.append((request.url, request.resource_type,
+                    "allowed" if why is None else f"refused: {why}"))
+        if why is None:
+            route.continue_()
+        else:
+            route.abort("blockedbyclient")
+
+    def _check_socket(self, ws: WebSocketRoute, log: list[tuple[str, str, str]]) -> None:
+        why = refusal(ws.url, "websocket", self.guard, self.block_types)
+        log.append((ws.url, "websocket", "allowed" if why is None else f"refused: {why}"))
+        if why is None:
+            ws.connect_to_server()
+        else:
+            ws.close(code=1008, reason="refused by the address guard")
+
+
+def chromium_pids() -> set[int]:
+    """The pids of this process's descendants running Chromium (read from /proc)."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+        names[int(entry)] = name
+    ours = {os.getpid()}
+    changed = True
+    while changed:
+        found = {pid for pid, parent in parents.items() if parent in ours} - ours
+        changed = bool(found)
+        ours |= found
+    return {pid for pid in ours if "chrom" in names.get(pid, "")}

@@ -1,0 +1,217 @@
+"""The address guard for a browser: every request and every connection Chromium makes.
+
+Two layers, because neither alone sees everything:
+
+* :func:`refusal`, the one check of a request by its URL (scheme, resource type, the
+  addresses its host resolves to), called from the page's request interception before the
+  request leaves. It names the reason in the render's request log. Playwright's interception
+  does not see a redirect's later hops (they are continued inside the driver), nor the
+  connections Chromium opens without a request (``<link rel=preconnect>``).
+* :class:`GuardProxy`, a SOCKS5 proxy on loopback that Chromium is told to use for every
+  connection (``--proxy-server=socks5://...`` with ``--proxy-bypass-list=<-loopback>``, which
+  removes Chromium's implicit loopback bypass). It resolves the target itself, refuses it unless
+  every address passes the :class:`~common.web.netguard.AddressGuard`, and connects to the
+  address it checked, so a redirect hop, a preconnect, a WebSocket or a name that re-resolves
+  between check and use cannot reach a refused address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import select
+import socket
+import struct
+import threading
+from urllib.parse import urlsplit
+
+from common.web.netguard import AddressGuard, resolve
+
+logger = logging.getLogger(__name__)
+
+#: Schemes a page may load without a connection (its own data, blobs, blank frames).
+LOCAL_SCHEMES = frozenset({"data", "blob", "about"})
+NETWORK_SCHEMES = frozenset({"http", "https", "ws", "wss"})
+#: Chromium's own services, which it calls at start even with every background flag off (the
+#: component updater, account checks; Chromium 156 here): never a page's content.
+CHROMIUM_SERVICE_HOSTS = frozenset({
+    "update.googleapis.com", "accounts.google.com", "clients1.google.com",
+    "clients2.google.com", "clients2.googleusercontent.com", "safebrowsing.googleapis.com",
+    "optimizationguide-pa.googleapis.com", "content-autofill.googleapis.com",
+    "redirector.gvt1.com", "android.clients.google.com"})
+_CONNECT_TIMEOUT_S = 10.0
+_RELAY_CHUNK = 65536
+
+
+def host_refusal(host: str, guard: AddressGuard) -> str | None:
+    """Why a connection to ``host`` is refused (None: every address it resolves to passes)."""
+    addresses = resolve(host)
+    if not addresses:
+        return f"{host} does not resolve"
+    for address in addresses:
+        if not guard.allowed(address):
+            return guard.reason(address)
+    return None
+
+
+def refusal(url: str, resource_type: str, guard: AddressGuard,
+            block_types: frozenset[str] = frozenset()) -> str | None:
+    """Why the browser may not make this request (None: it may).
+
+    Args:
+        url: the request's URL.
+        resource_type: Chromium's type of it (document, xhr, image, websocket, ...).
+        guard: the addresses a connection may go to.
+        block_types: resource types refused whatever their address (RENDER_BLOCK_TYPES).
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in LOCAL_SCHEMES:
+        return None
+    if scheme not in NETWORK_SCHEMES:
+        return f"scheme {scheme or '(none)'} not allowed"
+    if resource_type in block_types:
+        return f"resource type {resource_type} blocked (RENDER_BLOCK_TYPES)"
+    if not parts.hostname:
+        return "no host"
+    return host_refusal(parts.hostname, guard)
+
+
+class GuardProxy:
+    """A SOCKS5 proxy (no authentication, CONNECT only) that lets through allowed addresses.
+
+    Serves on 127.0.0.1 from a daemon thread, a thread per connection. ``refused`` keeps the
+    ``host:port`` targets it turned down (the last 1,000), for the render's log and the tests.
+    """
+
+    def __init__(self, guard: AddressGuard) -> None:
+        self.guard = guard
+        self.refused: list[str] = []
+        self.refused_count = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name="browser-guard-proxy",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"socks5://127.0.0.1:{self.port}"
+
+    def refused_since(self, count: int) -> list[str]:
+        """The targets refused after ``refused_count`` was ``count`` (as many as are kept)."""
+        with self._lock:
+            new = self.refused_count - count
+            return self.refused[-new:] if new > 0 else []
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not connected: a listener on Linux still wakes accept() by close alone
+        self._listener.close()
+        self._thread.join(timeout=5)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(client,), daemon=True,
+                             name="browser-guard-conn").start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with client:
+            client.settimeout(_CONNECT_TIMEOUT_S)
+            try:
+                target = self._handshake(client)
+            except (OSError, ValueError) as exc:
+                logger.debug("browser guard proxy: bad handshake: %s", exc)
+                return
+            if target is None:
+                return
+            with target:
+                client.settimeout(None)
+                target.settimeout(None)
+                _relay(client, target)
+
+    def _handshake(self, client: socket.socket) -> socket.socket | None:
+        version, n_methods = _read(client, 2)
+        if version != 5:
+            raise ValueError(f"SOCKS version {version}")
+        _read(client, n_methods)
+        client.sendall(b"\x05\x00")  # no authentication
+        version, command, _, address_type = _read(client, 4)
+        if address_type == 1:
+            host = str(ipaddress.IPv4Address(_read(client, 4)))
+        elif address_type == 4:
+            host = str(ipaddress.IPv6Address(_read(client, 16)))
+        elif address_type == 3:
+            host = _read(client, _read(client, 1)[0]).decode("ascii")
+        else:
+            raise ValueError(f"SOCKS address type {address_type}")
+        port = struct.unpack("!H", _read(client, 2))[0]
+        if command != 1:
+            client.sendall(b"\x05\x07\x00\x01" + bytes(6))  # command not supported
+            return None
+        why = ("Chromium's own service traffic" if host.lower() in CHROMIUM_SERVICE_HOSTS
+               else host_refusal(host, self.guard))
+        if why is not None:
+            with self._lock:
+                self.refused = [*self.refused[-999:], f"{host}:{port}"]
+                self.refused_count += 1
+            logger.info("browser guard proxy: %s:%d refused: %s", host, port, why)
+            client.sendall(b"\x05\x02\x00\x01" + bytes(6))  # not allowed by ruleset
+            return None
+        address = resolve(host)[0]
+        try:
+            target = socket.create_connection((address, port), timeout=_CONNECT_TIMEOUT_S)
+        except OSError:
+            client.sendall(b"\x05\x05\x00\x01" + bytes(6))  # connection refused
+            return None
+        peer = target.getpeername()[0]
+        if not self.guard.allowed(peer):  # what was connected, not only what was resolved
+            target.close()
+            client.sendall(b"\x05\x02\x00\x01" + bytes(6))
+            return None
+        client.sendall(b"\x05\x00\x00\x01" + bytes(6))
+        return target
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ValueError("connection closed during the SOCKS handshake")
+        data += chunk
+    return data
+
+
+def _relay(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways until both sides have finished sending (half-closes kept)."""
+    peers = {a.fileno(): (a, b), b.fileno(): (b, a)}
+    poller = select.poll()
+    for fd in peers:
+        poller.register(fd, select.POLLIN)
+    open_reads = set(peers)
+    while open_reads:
+        for fd, _ in poller.poll():
+            source, sink = peers[fd]
+            try:
+                data = source.recv(_RELAY_CHUNK)
+                if data:
+                    sink.sendall(data)
+                    continue
+            except OSError:
+                data = b""
+            open_reads.discard(fd)
+            poller.unregister(fd)
+            try:
+                sink.shutdown(socket.SHUT_WR)
+            except OSError:
+                open_reads.clear()  # the other side is gone too

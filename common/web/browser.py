@@ -165,6 +165,15 @@ class Browser:
                 pass  # already gone with browser.close()
         self._pids = set()
 
+    @property
+    def groups(self) -> set[int]:
+        """The process groups of the current browser (Chromium's launch pid leads one)."""
+        return set(self._pids)
+
+    def memory_bytes(self) -> int:
+        """What the current browser's processes (renderers included) hold in memory (PSS)."""
+        return memory_bytes(chromium_pids(self.groups)) if self._pids else 0
+
     def close(self) -> None:
         """Close the browser, its driver and the guard proxy; no Chromium is left running."""
         self._close_browser()
@@ -255,10 +264,15 @@ class Browser:
             ws.close(code=1008, reason="refused by the address guard")
 
 
-def chromium_pids() -> set[int]:
-    """The pids of this process's descendants running Chromium (read from /proc)."""
+def chromium_pids(groups: set[int] | None = None) -> set[int]:
+    """The pids of this process's descendants running Chromium (read from /proc).
+
+    Args:
+        groups: only those in these process groups (a browser's: :attr:`Browser.groups`).
+    """
     parents: dict[int, int] = {}
     names: dict[int, str] = {}
+    group_of: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -267,13 +281,28 @@ def chromium_pids() -> set[int]:
                 stat = f.read()
         except OSError:
             continue  # exited meanwhile
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
-        names[int(entry)] = name
+        fields = stat[stat.rindex(")") + 2:].split()
+        parents[int(entry)] = int(fields[1])
+        group_of[int(entry)] = int(fields[2])
+        names[int(entry)] = stat[stat.index("(") + 1:stat.rindex(")")]
     ours = {os.getpid()}
     changed = True
     while changed:
         found = {pid for pid, parent in parents.items() if parent in ours} - ours
         changed = bool(found)
         ours |= found
-    return {pid for pid in ours if "chrom" in names.get(pid, "")}
+    return {pid for pid in ours if "chrom" in names.get(pid, "")
+            and (groups is None or group_of.get(pid) in groups)}
+
+
+def memory_bytes(pids: set[int]) -> int:
+    """The proportional set size of these processes (shared pages divided among them)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as f:
+                total += sum(int(line.split()[1]) * 1024 for line in f
+                             if line.startswith("Pss:"))
+        except OSError:
+            continue  # exited meanwhile
+    return total

@@ -22,8 +22,7 @@ from common.web.browser import Browser, chromium_pids
 from common.web.browser_guard import GuardProxy, refusal
 from common.web.netguard import guard_from_setting
 from devtools.testsite import TestSite
-
-pytestmark = pytest.mark.slow
+from tests.helpers import require_tool
 
 GUARD = guard_from_setting("127.0.0.1/32")
 HTML = {"Content-Type": "text/html; charset=utf-8"}
@@ -43,8 +42,8 @@ def sites() -> Iterator[tuple[TestSite, TestSite]]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    settings = load_settings({"FETCH_ALLOW_NETWORKS": "127.0.0.1/32",
-                              "RENDER_TIMEOUT_S": "10"})
+    settings = load_settings({"BROWSER_EXECUTABLE": require_tool("chromium"),
+                              "FETCH_ALLOW_NETWORKS": "127.0.0.1/32", "RENDER_TIMEOUT_S": "10"})
     with Browser.from_settings(settings) as made:
         yield made
 
@@ -168,6 +167,22 @@ def test_a_page_slower_than_the_render_timeout_fails_as_a_timeout(
     assert browser.render(site.page_url(1)).status == 200  # the browser goes on
 
 
+def test_a_script_that_never_ends_is_stopped_at_the_render_timeout(
+        browser: Browser, site: TestSite) -> None:
+    site.route("/spin", lambda r: _page(
+        "<p id=early>x</p><script>setTimeout(() => { while (true) {} }, 50)</script>"))
+    saved, browser.timeout_s = browser.timeout_s, 1.0
+    started = time.monotonic()
+    try:
+        with pytest.raises(FetchError) as failed:
+            browser.render(site.url("/spin"), wait_for="#never")
+    finally:
+        browser.timeout_s = saved
+    assert failed.value.kind == "timeout"
+    assert time.monotonic() - started < 4
+    assert browser.render(site.page_url(1)).status == 200
+
+
 def test_a_dom_over_the_cap_is_refused_as_invalid(browser: Browser, site: TestSite) -> None:
     site.route("/huge", lambda r: _page(
         "<script>for (let i = 0; i < 500; i++)"
@@ -184,10 +199,11 @@ def test_a_dom_over_the_cap_is_refused_as_invalid(browser: Browser, site: TestSi
 
 def test_the_browser_is_replaced_after_its_pages_and_closing_leaves_no_chromium(
         site: TestSite) -> None:
-    made = Browser("/usr/bin/chromium", GUARD, pages_per_browser=2)
+    made = Browser(require_tool("chromium"), GUARD, pages_per_browser=2)
     try:
         made.render(site.page_url(1))
         first = set(made._pids)
+        assert made.memory_bytes() > 10_000_000  # the browser's processes, renderers included
         made.render(site.page_url(2))
         made.render(site.page_url(3))
         second = set(made._pids)

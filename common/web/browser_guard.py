@@ -167,10 +167,14 @@ class GuardProxy:
             logger.info("browser guard proxy: %s:%d refused: %s", host, port, why)
             client.sendall(b"\x05\x02\x00\x01" + bytes(6))  # not allowed by ruleset
             return None
-        address = resolve(host)[0]
-        try:
-            target = socket.create_connection((address, port), timeout=_CONNECT_TIMEOUT_S)
-        except OSError:
+        target = None
+        for address in resolve(host):  # each one checked above; the first that answers
+            try:
+                target = socket.create_connection((address, port), timeout=_CONNECT_TIMEOUT_S)
+                break
+            except OSError:
+                continue
+        if target is None:
             client.sendall(b"\x05\x05\x00\x01" + bytes(6))  # connection refused
             return None
         peer = target.getpeername()[0]

@@ -55,6 +55,8 @@ _DOM_NODES_JS = "() => document.getElementsByTagName('*').length"
 #: One Playwright driver per thread (its sync API allows no second one in a thread), shared by
 #: that thread's browsers: [driver, users].
 _drivers = threading.local()
+#: Launches one at a time, so the Chromium processes that appear are the launching browser's.
+_launching = threading.Lock()
 
 
 def _driver() -> Playwright:
@@ -136,14 +138,16 @@ class Browser:
     def _launch(self) -> Any:
         if self._playwright is None:
             self._playwright = _driver()
-        before = chromium_pids()
         args = [*CHROMIUM_FLAGS, f"--proxy-server={self._proxy.url}",
                 "--proxy-bypass-list=<-loopback>"]
         if os.geteuid() == 0:
             args.append("--no-sandbox")  # Chromium's sandbox refuses to run as root
-        self._browser = self._playwright.chromium.launch(
-            executable_path=self.executable, args=args, headless=True)
-        self._pids = chromium_pids() - before
+        with _launching:
+            before = chromium_pids()
+            self._browser = self._playwright.chromium.launch(
+                executable_path=self.executable, args=args, headless=True)
+            # The leaders of the process groups the driver started Chromium in.
+            self._pids = {pid for pid in chromium_pids() - before if _group_of(pid) == pid}
         self.launches += 1
         self.pages = 0
         logger.info("browser %s launched (%s, pids %s)", self.executable,
@@ -293,6 +297,14 @@ def chromium_pids(groups: set[int] | None = None) -> set[int]:
         ours |= found
     return {pid for pid in ours if "chrom" in names.get(pid, "")
             and (groups is None or group_of.get(pid) in groups)}
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def memory_bytes(pids: set[int]) -> int:

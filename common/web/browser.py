@@ -1,10 +1,11 @@
 """Rendering a page in headless Chromium, every request it makes under the address guard.
 
 The distribution's Chromium (BROWSER_EXECUTABLE) is driven by Playwright for Python through
-``executable_path``; no browser is ever downloaded. Playwright documents that it supports only
-the Chromium builds it bundles: its protocol calls are those of its own Chromium version, and a
-distribution's Chromium of another version works as long as the DevTools protocol calls it
-uses have not changed (tests/web/test_browser.py runs against the installed one).
+``executable_path``; no browser is ever downloaded (``playwright install`` is never run).
+Playwright documents that it supports only the Chromium builds it bundles: 1.65.2 is built for
+Chromium 159, Debian ships 156. It speaks the DevTools protocol, so an older Chromium works as
+long as the calls and launch switches it uses exist there; tests/web/test_browser.py, run against
+the installed Chromium, is the check, to run again whenever either is upgraded.
 
 Each render gets a fresh browser context (no cookies, cache or storage from another page), its
 requests pass :func:`~common.web.browser_guard.refusal` in the page's interception, and every

@@ -243,8 +243,7 @@ class Browser:
             raise FetchError(f"{url}: not rendered within {self.timeout_s:g} s",
                              kind="timeout") from None
         except PlaywrightError as exc:
-            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise FetchError(f"{url}: {first_line}", kind="connection") from None
+            raise _failure(url, exc, self._proxy.refused_since(refused_before)) from None
         finally:
             try:
                 context.close()
@@ -298,6 +297,19 @@ def chromium_pids(groups: set[int] | None = None) -> set[int]:
         ours |= found
     return {pid for pid in ours if "chrom" in names.get(pid, "")
             and (groups is None or group_of.get(pid) in groups)}
+
+
+def _failure(url: str, exc: PlaywrightError, refused: list[str]) -> FetchError:
+    """The fleet's kind of a failed navigation: ``blocked`` when the guard refused the page
+    (a hop the proxy turned down, a document the interception aborted), ``invalid`` for a
+    response that is no page (a download), else ``connection`` (retried)."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "ERR_BLOCKED_BY_CLIENT" in text or ("ERR_SOCKS_CONNECTION_FAILED" in text and refused):
+        targets = f" (refused: {', '.join(refused)})" if refused else ""
+        return FetchError(f"{url}: refused by the address guard{targets}", kind="blocked")
+    if "Download is starting" in text:
+        return FetchError(f"{url}: not a page (the browser would download it)", kind="invalid")
+    return FetchError(f"{url}: {text}", kind="connection")
 
 
 def _group_of(pid: int) -> int | None:

@@ -135,8 +135,22 @@ def test_requests_to_a_refused_address_never_reach_it(
     for path in ("/pixel.png", "/frame", "/secret", "/fetched"):
         assert verdicts[other.url(path)].startswith("refused: connection to 127.0.0.2")
     assert "xhr 0" in result.html
-    assert hop.value.kind == "connection"  # the second hop, refused by the guard proxy
+    assert hop.value.kind == "blocked"  # the second hop, refused by the guard proxy
+    assert f"127.0.0.2:{other.port}" in str(hop.value)
     assert other.log == []
+
+
+def test_a_download_is_no_page_and_an_unreachable_site_a_connection_failure(
+        browser: Browser, site: TestSite) -> None:
+    with pytest.raises(FetchError) as download:
+        browser.render(site.url("/binary"))
+    assert download.value.kind == "invalid"
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        closed_port = unused.getsockname()[1]
+    with pytest.raises(FetchError) as refused:
+        browser.render(f"http://127.0.0.1:{closed_port}/")
+    assert refused.value.kind == "connection"
 
 
 def test_images_are_blocked_by_type_by_default(browser: Browser, site: TestSite) -> None:

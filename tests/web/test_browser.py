@@ -3,11 +3,15 @@ guard (common/web/browser_guard.py).
 
 One browser for the module, on two loopback sites: 127.0.0.1 (allowed: FETCH_ALLOW_NETWORKS
 is 127.0.0.1/32) and 127.0.0.2 (refused), whose request log must stay empty. Addresses off
-loopback are tested only through the guard function, never in a page the browser loads.
+loopback are tested only through the guard function, never in a page the browser loads. No
+name leaves the machine either: here the guard resolves only ``localhost`` and address
+literals (``loopback_names_only``), so a name Chromium asks for on its own (its services) is
+refused without a DNS query.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 import struct
@@ -19,6 +23,7 @@ import pytest
 
 from common.core.config import load_settings
 from common.core.errors import FetchError
+from common.web import browser_guard
 from common.web.browser import Browser, chromium_pids
 from common.web.browser_guard import GuardProxy, refusal
 from common.web.netguard import guard_from_setting
@@ -31,6 +36,23 @@ HTML = {"Content-Type": "text/html; charset=utf-8"}
 
 def _page(body: str) -> tuple[int, dict[str, str], bytes]:
     return 200, HTML, f"<!doctype html><html><body>{body}</body></html>".encode()
+
+
+def _loopback_resolve(host: str) -> tuple[str, ...]:
+    """``localhost`` and address literals only: any other name is not looked up (no DNS)."""
+    if host.lower() == "localhost":
+        return ("127.0.0.1",)
+    try:
+        return (str(ipaddress.ip_address(host.strip("[]"))),)
+    except ValueError:
+        return ()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loopback_names_only() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(browser_guard, "resolve", _loopback_resolve)
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,208 @@
+"""Rendering through browser threads (common/web/renderer.py): from a plain thread, and from a
+fetch loop's task without stalling the loop's other fetches.
+
+Real Chromium on loopback sites only: 127.0.0.1 (allowed: FETCH_ALLOW_NETWORKS is
+127.0.0.1/32) and 127.0.0.2 (refused). As in tests/web/test_browser.py, the browser guard
+resolves only ``localhost`` and address literals, so no name Chromium asks for leaves the
+machine, not even as a DNS query.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from common.core.config import Settings, load_settings
+from common.core.errors import FetchError
+from common.web import browser_guard
+from common.web.browser import chromium_pids
+from common.web.fetch import Fetcher
+from common.web.multi import FetchLoop
+from common.web.renderer import Renderer
+from devtools.testsite import TestSite
+from tests.helpers import in_fetch_loop, require_tool, wait_for
+
+HTML = {"Content-Type": "text/html; charset=utf-8"}
+
+
+def _page(body: str) -> tuple[int, dict[str, str], bytes]:
+    return 200, HTML, f"<!doctype html><html><body>{body}</body></html>".encode()
+
+
+def _late(text: str, delay_ms: int) -> tuple[int, dict[str, str], bytes]:
+    """A page whose script adds ``<p class=late>TEXT</p>`` after ``delay_ms``."""
+    return _page(f"<div id=out></div><script>setTimeout(() => {{"
+                 f" document.getElementById('out').innerHTML = '<p class=late>' + '{text}'"
+                 f" + '</p>'; }}, {delay_ms});</script>")
+
+
+def _loopback_resolve(host: str) -> tuple[str, ...]:
+    """``localhost`` and address literals only: any other name is not looked up (no DNS)."""
+    if host.lower() == "localhost":
+        return ("127.0.0.1",)
+    try:
+        return (str(ipaddress.ip_address(host.strip("[]"))),)
+    except ValueError:
+        return ()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loopback_names_only() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(browser_guard, "resolve", _loopback_resolve)
+        yield
+
+
+@pytest.fixture(scope="module")
+def settings() -> Settings:
+    return load_settings({"BROWSER_EXECUTABLE": require_tool("chromium"),
+                          "FETCH_ALLOW_NETWORKS": "127.0.0.1/32", "RENDER_TIMEOUT_S": "10"})
+
+
+@pytest.fixture(scope="module")
+def sites() -> Iterator[tuple[TestSite, TestSite]]:
+    allowed, refused = TestSite("127.0.0.1").start(), TestSite("127.0.0.2").start()
+    yield allowed, refused
+    allowed.stop()
+    refused.stop()
+
+
+@pytest.fixture
+def site(sites: tuple[TestSite, TestSite]) -> TestSite:
+    sites[0].clear_log()
+    sites[1].clear_log()
+    return sites[0]
+
+
+@pytest.fixture(scope="module")
+def renderer(settings: Settings) -> Iterator[Renderer]:
+    with Renderer(settings, threads=2) as made:
+        yield made
+
+
+def _run_all(loop: FetchLoop) -> None:
+    while loop.tasks:
+        loop.run_once(0.1, lambda: False)
+
+
+def test_a_page_built_by_javascript_comes_back_as_a_fetch_result_with_the_rendered_html(
+        renderer: Renderer, site: TestSite) -> None:
+    site.route("/js", lambda r: _page(
+        "<div id=out></div><script>document.getElementById('out').innerHTML ="
+        " '<p>' + 'made by ' + 'script</p>';</script>"))
+    result = renderer.render(site.url("/js"))
+    assert b"<p>made by script</p>" in result.body
+    assert (result.url, result.final_url, result.status) == (site.url("/js"),) * 2 + (200,)
+    assert result.content_type == "text/html; charset=utf-8"
+    assert result.sent_at is not None and result.elapsed_ms > 0
+
+
+def test_a_render_in_a_loop_task_lets_the_loops_plain_fetches_finish_first(
+        renderer: Renderer, site: TestSite) -> None:
+    site.route("/late", lambda r: _late("rendered late", 1500))
+    fetcher = Fetcher(Settings().with_overrides(
+        fetch_allow_networks=(ipaddress.ip_network("127.0.0.0/8"),)))
+    finished: list[tuple[str, float]] = []
+    loop = FetchLoop()
+
+    def render() -> None:
+        result = renderer.render(site.url("/late"), wait_for="p.late")
+        assert b"rendered late" in result.body
+        finished.append(("render", time.monotonic()))
+
+    def plain() -> None:
+        for n in range(1, 6):
+            assert fetcher.fetch(site.page_url(n)).status == 200
+            finished.append((f"page {n}", time.monotonic()))
+
+    try:
+        loop.spawn(render)
+        loop.spawn(plain)
+        _run_all(loop)
+    finally:
+        loop.close()
+        fetcher.close()
+    # One thread: had the render blocked it, the plain fetches would all have come after.
+    assert [name for name, _at in finished] == [f"page {n}" for n in range(1, 6)] + ["render"]
+    assert finished[-1][1] > finished[-2][1]
+
+
+def test_two_renders_at_once_on_two_threads_each_get_their_own_page(
+        renderer: Renderer, site: TestSite) -> None:
+    site.route("/one", lambda r: _late("page one", 300))
+    site.route("/two", lambda r: _late("page two", 300))
+    got: dict[str, bytes] = {}
+
+    def render(name: str) -> None:
+        got[name] = renderer.render(site.url(f"/{name}"), wait_for="p.late").body
+
+    threads = [threading.Thread(target=render, args=(name,)) for name in ("one", "two")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert b"page one" in got["one"] and b"page two" not in got["one"]
+    assert b"page two" in got["two"] and b"page one" not in got["two"]
+
+
+def test_a_page_the_guard_refuses_fails_as_blocked_in_a_loop_task(
+        renderer: Renderer, sites: tuple[TestSite, TestSite]) -> None:
+    refused = sites[1]
+    loop = FetchLoop()
+    try:
+        with pytest.raises(FetchError) as caught:
+            in_fetch_loop(loop, renderer.render, refused.url("/page/1"))
+    finally:
+        loop.close()
+    assert caught.value.kind == "blocked"
+    assert refused.log == []
+
+
+def test_closing_a_renderer_leaves_no_chromium_running(settings: Settings,
+                                                       site: TestSite) -> None:
+    before = chromium_pids()
+    made = Renderer(settings, threads=2)
+    site.route("/short", lambda r: _page("<p>short</p>"))
+    assert b"<p>short</p>" in made.render(site.url("/short")).body
+    groups = made.groups
+    assert groups and chromium_pids(groups)
+    made.close()
+    assert wait_for(lambda: not chromium_pids(groups), timeout_s=10)
+    assert chromium_pids() <= before
+    with pytest.raises(FetchError) as caught:
+        made.render(site.url("/short"))
+    assert caught.value.kind == "connection"
+
+
+def test_a_browser_killed_mid_render_fails_that_render_as_retriable_and_the_next_works(
+        settings: Settings, site: TestSite) -> None:
+    site.route("/late", lambda r: _late("rendered late", 3000))
+    site.route("/after", lambda r: _page("<p>after the kill</p>"))
+    with Renderer(settings, threads=1) as made:
+        made.render(site.url("/after"))  # the browser is up
+        groups = made.groups
+        failed: list[FetchError] = []
+
+        def kill_soon() -> None:
+            time.sleep(0.8)
+            for group in groups:
+                os.killpg(group, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_soon)
+        killer.start()
+        try:
+            made.render(site.url("/late"), wait_for="p.late")
+        except FetchError as exc:
+            failed.append(exc)
+        killer.join()
+        assert len(failed) == 1 and failed[0].transient, failed
+        result = made.render(site.url("/after"))
+        assert b"after the kill" in result.body
+        assert made.groups.isdisjoint(groups)
+    assert not chromium_pids(groups)

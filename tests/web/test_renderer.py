@@ -21,7 +21,8 @@ import pytest
 from common.core.config import Settings, load_settings
 from common.core.errors import FetchError
 from common.web import browser_guard
-from common.web.browser import chromium_pids
+from common.web import renderer as renderer_module
+from common.web.browser import Browser, chromium_pids
 from common.web.fetch import Fetcher
 from common.web.multi import FetchLoop
 from common.web.renderer import Renderer
@@ -206,3 +207,46 @@ def test_a_browser_killed_mid_render_fails_that_render_as_retriable_and_the_next
         assert b"after the kill" in result.body
         assert made.groups.isdisjoint(groups)
     assert not chromium_pids(groups)
+
+
+def test_a_render_past_its_deadline_is_given_up_as_a_timeout_and_the_thread_goes_on(
+        settings: Settings, site: TestSite, monkeypatch: pytest.MonkeyPatch) -> None:
+    site.route("/late", lambda r: _late("rendered late", 2500))
+    site.route("/after", lambda r: _page("<p>next page</p>"))
+    # The caller gives up 1.5 s before the browser's own deadline (RENDER_TIMEOUT_S, 10 s).
+    monkeypatch.setattr(renderer_module, "MARGIN_S", -8.5)
+    with Renderer(settings, threads=1) as made:
+        started = time.monotonic()
+        with pytest.raises(FetchError) as caught:
+            made.render(site.url("/late"), wait_for="p.late")
+        assert caught.value.kind == "timeout" and "no render within" in str(caught.value)
+        assert time.monotonic() - started < 2.5
+        # The abandoned page still ends in the browser thread, which then takes the next job.
+        monkeypatch.undo()
+        assert b"next page" in made.render(site.url("/after")).body
+
+
+class _ThreadKilled(BaseException):
+    """What ends a browser thread (as an unexpected BaseException would)."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_browser_thread_fails_its_job_and_is_started_again_at_the_next(
+        settings: Settings, site: TestSite) -> None:
+    site.route("/after", lambda r: _page("<p>after a restart</p>"))
+    calls: list[str] = []
+
+    def factory() -> Browser:
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            raise _ThreadKilled
+        return Browser.from_settings(settings)
+
+    with Renderer(settings, threads=1, browser_factory=factory) as made:
+        first = made._slots[0].thread
+        with pytest.raises(FetchError) as caught:
+            made.render(site.url("/after"))
+        assert caught.value.kind == "connection"
+        assert wait_for(lambda: not first.is_alive(), timeout_s=5)
+        assert b"after a restart" in made.render(site.url("/after")).body
+        assert made._slots[0].thread is not first and len(calls) == 2

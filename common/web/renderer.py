@@ -103,12 +103,14 @@ class _Slot:
     def _serve(self, job: _Job) -> None:
         sent_at = time.time()
         try:
+            if self.browser is not None and _disconnected(self.browser):
+                self._drop_browser()  # Chromium went away between jobs
             if self.browser is None:
                 self.browser = self.renderer._new_browser()  # noqa: SLF001
             rendered = self.browser.render(job.url, wait_for=job.wait_for)
         except FetchError as exc:
             job.error = FetchError(str(exc), kind=exc.kind, sent_at=sent_at)
-            if exc.kind == "connection" and not _alive(self.browser):
+            if exc.kind == "connection" and _disconnected(self.browser):
                 logger.warning("renderer %d: the browser died rendering %s; replacing it",
                                self.index, job.url)
                 self._drop_browser()
@@ -257,12 +259,10 @@ class Renderer:
         self.close()
 
 
-def _alive(browser: Browser | None) -> bool:
-    """Whether a browser's Chromium is still connected (False: replace it)."""
-    if browser is None:
-        return False
-    driven = browser._browser  # noqa: SLF001 - Browser has no public liveness check yet
-    return driven is not None and driven.is_connected()
+def _disconnected(browser: Browser | None) -> bool:
+    """Whether a browser's Chromium was launched and is gone (replace the browser)."""
+    driven = getattr(browser, "_browser", None)  # Browser has no public liveness check yet
+    return driven is not None and not driven.is_connected()
 
 
 def _kill_groups(groups: set[int]) -> None:

@@ -175,6 +175,11 @@ class Browser:
         """The process groups of the current browser (Chromium's launch pid leads one)."""
         return set(self._pids)
 
+    @property
+    def gone(self) -> bool:
+        """Its Chromium was launched and has gone away (replace the browser)."""
+        return self._browser is not None and not self._browser.is_connected()
+
     def memory_bytes(self) -> int:
         """What the current browser's processes (renderers included) hold in memory (PSS)."""
         return memory_bytes(chromium_pids(self.groups)) if self._pids else 0

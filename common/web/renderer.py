@@ -261,8 +261,7 @@ class Renderer:
 
 def _disconnected(browser: Browser | None) -> bool:
     """Whether a browser's Chromium was launched and is gone (replace the browser)."""
-    driven = getattr(browser, "_browser", None)  # Browser has no public liveness check yet
-    return driven is not None and not driven.is_connected()
+    return browser is not None and browser.gone
 
 
 def _kill_groups(groups: set[int]) -> None:

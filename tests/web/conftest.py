@@ -1,7 +1,7 @@
 """Fetchers for the tests of common/web: allowed onto 127.0.0.0/8 (the loopback sites), closed
 after the test. ``make_fetcher`` runs each test twice, fetching in the test's thread (tools,
 producers) and in a fetch loop's task (workers, multi.py); ``make_thread_fetcher`` only the
-first."""
+first. ``loopback_names_only``: for the browser's tests, no name is looked up off the machine."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from common.core.config import Settings
+from common.web import browser_guard
 from common.web.fetch import Fetcher, FetchResult
 from common.web.multi import FetchLoop
 from tests.helpers import in_fetch_loop
@@ -56,3 +57,22 @@ def make_fetcher(request) -> Iterator[Callable[..., Fetcher]]:
 def make_thread_fetcher() -> Iterator[Callable[..., Fetcher]]:
     """As ``make_fetcher``, fetching in the test's thread only."""
     yield from _fetchers(None)
+
+
+def _loopback_resolve(host: str) -> tuple[str, ...]:
+    """``localhost`` and address literals only: any other name is not looked up (no DNS)."""
+    if host.lower() == "localhost":
+        return ("127.0.0.1",)
+    try:
+        return (str(ipaddress.ip_address(host.strip("[]"))),)
+    except ValueError:
+        return ()
+
+
+@pytest.fixture(scope="module")
+def loopback_names_only() -> Iterator[None]:
+    """The browser's guard resolves only ``localhost`` and address literals: a name Chromium
+    asks for on its own (its services) is refused without a DNS query leaving the machine."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(browser_guard, "resolve", _loopback_resolve)
+        yield

@@ -11,7 +11,6 @@ refused without a DNS query.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import socket
 import struct
@@ -23,7 +22,6 @@ import pytest
 
 from common.core.config import load_settings
 from common.core.errors import FetchError
-from common.web import browser_guard
 from common.web.browser import Browser, chromium_pids
 from common.web.browser_guard import GuardProxy, refusal
 from common.web.netguard import guard_from_setting
@@ -38,21 +36,9 @@ def _page(body: str) -> tuple[int, dict[str, str], bytes]:
     return 200, HTML, f"<!doctype html><html><body>{body}</body></html>".encode()
 
 
-def _loopback_resolve(host: str) -> tuple[str, ...]:
-    """``localhost`` and address literals only: any other name is not looked up (no DNS)."""
-    if host.lower() == "localhost":
-        return ("127.0.0.1",)
-    try:
-        return (str(ipaddress.ip_address(host.strip("[]"))),)
-    except ValueError:
-        return ()
-
-
 @pytest.fixture(scope="module", autouse=True)
-def loopback_names_only() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(browser_guard, "resolve", _loopback_resolve)
-        yield
+def _no_name_leaves_the_machine(loopback_names_only: None) -> None:
+    """The browser's guard resolves loopback names only (tests/web/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

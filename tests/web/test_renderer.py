@@ -20,7 +20,6 @@ import pytest
 
 from common.core.config import Settings, load_settings
 from common.core.errors import FetchError
-from common.web import browser_guard
 from common.web import renderer as renderer_module
 from common.web.browser import Browser, chromium_pids
 from common.web.fetch import Fetcher
@@ -43,21 +42,9 @@ def _late(text: str, delay_ms: int) -> tuple[int, dict[str, str], bytes]:
                  f" + '</p>'; }}, {delay_ms});</script>")
 
 
-def _loopback_resolve(host: str) -> tuple[str, ...]:
-    """``localhost`` and address literals only: any other name is not looked up (no DNS)."""
-    if host.lower() == "localhost":
-        return ("127.0.0.1",)
-    try:
-        return (str(ipaddress.ip_address(host.strip("[]"))),)
-    except ValueError:
-        return ()
-
-
 @pytest.fixture(scope="module", autouse=True)
-def loopback_names_only() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(browser_guard, "resolve", _loopback_resolve)
-        yield
+def _no_name_leaves_the_machine(loopback_names_only: None) -> None:
+    """The browser's guard resolves loopback names only (tests/web/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

@@ -27,15 +27,25 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Playwright, Request, Route, WebSocketRoute, sync_playwright
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-from common.core.errors import FetchError
+from common.core.errors import ConfigError, FetchError
 from common.web.browser_guard import GuardProxy, refusal
 from common.web.netguard import AddressGuard
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Playwright, Request, Route, WebSocketRoute
+try:  # in the dev lock, not yet the runtime image: no render worker ships it (NOTES #73)
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import sync_playwright
+except ImportError:  # the module imports; making a Browser says what is missing
+    sync_playwright = None
+
+    class PlaywrightError(Exception):  # type: ignore[no-redef]
+        """Stands in for Playwright's error where Playwright is not installed (never raised)."""
+
+    PlaywrightTimeout = PlaywrightError  # type: ignore[misc]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +71,8 @@ _launching = threading.Lock()
 
 
 def _driver() -> Playwright:
+    if sync_playwright is None:
+        raise ConfigError("rendering needs Playwright for Python: pip install playwright")
     if getattr(_drivers, "users", 0) == 0:
         _drivers.playwright = sync_playwright().start()
         _drivers.users = 0

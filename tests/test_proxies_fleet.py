@@ -75,8 +75,12 @@ def _once_unless_retried(fetched: Counter[str], by_url: dict[str, dict], site: T
 
 
 def _workers(settings: Settings, n: int, env: dict[str, str], first: int = 0) -> list:
+    # Retries come back well inside the idle exit (RETRY_BASE_S 0.3: 0.3, 0.6, 1.2 s), so a
+    # URL retried after a transient error on a loaded machine is not left waiting in a hold
+    # queue when the workers call it a day (a CI run lost page/51 that way: waiting, not lost).
     return [start_worker_process(settings, "--idle-exit", "3", "--concurrency", "8",
-                                 env={**env, "WORKER_ID": f"px-w{first + i}"})
+                                 env={"RETRY_BASE_S": "0.3", **env,
+                                      "WORKER_ID": f"px-w{first + i}"})
             for i in range(n)]
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from common.core.errors import ConfigError, FetchError
-from common.web.browser_guard import GuardProxy, refusal
+from common.web.browser_guard import CHROMIUM_SERVICE_HOSTS, GuardProxy, refusal
 from common.web.netguard import AddressGuard
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ _launching = threading.Lock()
 
 def _driver() -> Playwright:
     if sync_playwright is None:
-        raise ConfigError("rendering needs Playwright for Python: pip install playwright")
+        raise ConfigError("rendering needs Playwright: pip install playwright")
     if getattr(_drivers, "users", 0) == 0:
         _drivers.playwright = sync_playwright().start()
         _drivers.users = 0
@@ -317,11 +317,11 @@ def chromium_pids(groups: set[int] | None = None) -> set[int]:
 
 
 def _failure(url: str, exc: PlaywrightError, refused: list[str]) -> FetchError:
-    """The fleet's kind of a failed navigation: ``blocked`` when the guard refused the page
-    (a hop the proxy turned down, a document the interception aborted), ``invalid`` for a
-    response that is no page (a download), else ``connection`` (retried)."""
+    """``blocked``: the guard refused the page (a hop, a document; not Chromium's own calls);
+    ``invalid``: no page (a download); else ``connection``."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if "ERR_BLOCKED_BY_CLIENT" in text or ("ERR_SOCKS_CONNECTION_FAILED" in text and refused):
+    refused = [t for t in refused if t.rpartition(":")[0].lower() not in CHROMIUM_SERVICE_HOSTS]
+    if "ERR_BLOCKED_BY_CLIENT" in text or "ERR_SOCKS_CONNECTION_FAILED" in text and refused:
         targets = f" (refused: {', '.join(refused)})" if refused else ""
         return FetchError(f"{url}: refused by the address guard{targets}", kind="blocked")
     if "Download is starting" in text:

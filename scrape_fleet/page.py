@@ -95,7 +95,7 @@ class Page:
     # -- following -----------------------------------------------------------------------------
     def follow(self, urls: str | Iterable[str | None] | None, handler: str | None = None, *,
                priority: bool = False, meta: Mapping[str, Any] | None = None,
-               headers: Mapping[str, str] | None = None) -> Request:
+               headers: Mapping[str, str] | None = None, render: Any = False) -> Request:
         """A request for ``urls`` (one or several; relative ones resolve against :attr:`url`)
         to yield or return from a handler.
 
@@ -105,10 +105,12 @@ class Page:
             priority: send them to the priority queue.
             meta: a JSON-serialisable dict (at most 4 KiB) their pages see as ``page.meta``.
             headers: extra request headers for their fetches (no framing or Host headers).
+            render: load their pages in a browser (a render worker) before their handler
+                reads them: True, or ``{"wait_for": CSS, "scroll": N}`` (docs/rendering.md).
 
         Raises:
             ValueError, TypeError: a bad handler name, meta or header (the page's handler
                 error says which).
         """
         return Request.build(self.url, urls, handler=handler, priority=priority, meta=meta,
-                             headers=headers)
+                             headers=headers, render=render)

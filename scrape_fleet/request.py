@@ -11,6 +11,7 @@ from urllib.parse import urljoin
 import orjson
 
 from common.core.headers import check_headers
+from common.core.render_options import parse_render
 
 __all__ = ["MAX_META_BYTES", "Request"]
 
@@ -33,6 +34,8 @@ class Request:
         priority: send them to the priority queue.
         meta: JSON-serialisable dict the next page sees as ``page.meta``.
         headers: extra request headers for their fetches.
+        render: load their pages in a browser (a render worker): true, or
+            ``{"wait_for": CSS, "scroll": N}`` (docs/rendering.md); False: as routing decides.
     """
 
     urls: tuple[str, ...]
@@ -40,12 +43,13 @@ class Request:
     priority: bool = False
     meta: Mapping[str, Any] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
+    render: Any = False
 
     @classmethod
     def build(cls, base_url: str, urls: str | Iterable[str | None] | None, *,
               handler: str | None = None, priority: bool = False,
               meta: Mapping[str, Any] | None = None,
-              headers: Mapping[str, str] | None = None) -> Request:
+              headers: Mapping[str, str] | None = None, render: Any = False) -> Request:
         """A checked request; ValueError or TypeError saying what is wrong.
 
         Args:
@@ -73,10 +77,12 @@ class Request:
             raise TypeError(f"meta is not JSON-serialisable: {exc}") from None
         if size > MAX_META_BYTES:
             raise ValueError(f"meta is {size} bytes as JSON, over {MAX_META_BYTES}")
+        options = parse_render(render)  # ValueError: not true, false or options
         return cls(tuple(resolved), handler, bool(priority), meta,
-                   check_headers(dict(headers or {})))
+                   check_headers(dict(headers or {})),
+                   options.to_message() if options is not None else False)
 
     def wire(self) -> dict[str, Any]:
         """As the child process sends it to the worker (JSON)."""
         return {"urls": list(self.urls), "handler": self.handler, "priority": self.priority,
-                "meta": dict(self.meta), "headers": dict(self.headers)}
+                "meta": dict(self.meta), "headers": dict(self.headers), "render": self.render}

@@ -161,7 +161,7 @@ class RecrawlProducer(Producer):
                 assert self._connection is not None
                 self._channel = self._connection.channel()
             return sum(self._channel.queue_declare(queue=name, passive=True).method.message_count
-                       for name in topology.WORK_QUEUES)
+                       for name in topology.PAGE_QUEUES)
         except AMQP_CONNECTION_LOST as exc:
             logger.warning("scheduler: queue depths unknown (%s); publishing anyway", exc)
             self.close()

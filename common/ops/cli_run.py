@@ -19,6 +19,7 @@ from common.ops import cli
 from common.sink.plugins import DEFAULT_KIND, SinkClass, build, resolve
 from common.sink.reader import SinkReader, retire, run_sink
 from common.store.connection import connect_redis
+from common.web.renderer import Renderer
 from common.work.loop_redis import worker_client
 from common.work.processor import Processor
 from common.work.worker import Worker
@@ -29,23 +30,36 @@ logger = logging.getLogger(__name__)
 def work_args(settings: Settings, argv: list[str] | None = None,
               prog: str | None = None) -> Settings:
     parser = argparse.ArgumentParser(prog=prog, description="Run one scraper worker.")
-    parser.add_argument("--concurrency", type=int, default=settings.concurrency,
-                        help=f"parallel fetches (default {settings.concurrency})")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help=f"parallel fetches (default {settings.concurrency}; a render "
+                             "worker: twice RENDER_THREADS)")
+    parser.add_argument("--render", action="store_true", default=settings.render_worker,
+                        help="render pages in Chromium: consume the render queues "
+                             "(RENDER_WORKER; docs/rendering.md)")
     parser.add_argument("--idle-exit", type=float, default=settings.idle_exit_s, metavar="SECONDS",
                         help="exit 0 after this long without a message (0 = never)")
     args = parser.parse_args(argv)
-    if args.concurrency < 1:
+    if args.concurrency is not None and args.concurrency < 1:
         parser.error("--concurrency must be >= 1")
     if args.idle_exit < 0:
         parser.error("--idle-exit must be >= 0")
-    return settings.with_overrides(concurrency=args.concurrency, idle_exit_s=args.idle_exit)
+    if not args.render:
+        return settings.with_overrides(concurrency=args.concurrency or settings.concurrency,
+                                       idle_exit_s=args.idle_exit)
+    # A render worker: a task per page a browser may render, and one waiting behind each (a
+    # task waits for its browser within the render's deadline). Its pages are never read
+    # from or stored in the response cache: the cache holds plain responses.
+    return settings.with_overrides(
+        concurrency=args.concurrency or 2 * settings.render_threads, idle_exit_s=args.idle_exit,
+        render_worker=True, cache_ttl_s=0)
 
 
 def work_main(settings: Settings, argv: list[str] | None = None, prog: str | None = None) -> int:
     """``worker.py`` / ``scrape-fleet work``."""
     settings = work_args(settings, argv, prog)
     redis_client = worker_client(settings)  # replies read through the fetch loop
-    processor = Processor(settings, redis_client)
+    renderer = Renderer(settings, settings.render_threads) if settings.render_worker else None
+    processor = Processor(settings, redis_client, renderer=renderer)
     worker = Worker(settings, processor)
     worker.install_signal_handlers()
     return worker.run()

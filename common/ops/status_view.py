@@ -177,7 +177,7 @@ def _queue_lines(snapshot: dict[str, Any], fitted: bool) -> list[str]:
     counts are on the dead letters and counters lines)."""
     lines = [f"{'queue':<16}{'ready':>9}{'unacked':>9}{'consumers':>10}{'in/s':>8}{'out/s':>8}"]
     for name, q in snapshot["queues"].items():
-        if fitted and name not in topology.WORK_QUEUES:
+        if fitted and name not in topology.PAGE_QUEUES:
             continue
         lines.append(f"{name:<16}{q['ready']:>9}{_dash(q['unacked']):>9}{q['consumers']:>10}"
                      f"{_dash(q['publish_rate']):>8}{_dash(q['deliver_rate']):>8}")

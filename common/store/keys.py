@@ -138,6 +138,12 @@
                              fleet-wide (``{id}``: a digest of its URL, never the URL).
     proxy:stats              HASH "{id}:served" / "{id}:failed" counters, and "{id}:name" -> the
                              proxy's redacted URL, for the status view.
+    render:domains           HASH "{job}|{site}" -> when (epoch s) its pages stop going straight
+                             to the render queue: a domain whose plain page looked like a
+                             JavaScript shell (RENDER=auto, a rule's render.when_missing), for
+                             RENDER_DOMAIN_TTL_S. Read whole by each HTTP worker every few
+                             seconds (common/work/render_route.py); entries past their time
+                             are removed by the worker that marks the next one.
 
 ``{url}`` is the canonical URL; ``{origin}`` is scheme://host[:port]; ``{domain}`` the host;
 ``{site}`` a URL's rate-limit domain; ``{job}`` a job's name ("default" outside jobs).
@@ -281,3 +287,4 @@ def proxy_rest_key(proxy_id: str) -> str:
 
 
 PROXY_STATS = "proxy:stats"
+RENDER_DOMAINS = "render:domains"

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from common.core.errors import ConfigError, FetchError
 from common.web.browser_guard import CHROMIUM_SERVICE_HOSTS, GuardProxy, refusal
+from common.web.browser_procs import chromium_pids, group_of, memory_bytes
+from common.web.identity import Identity
 from common.web.netguard import AddressGuard
 
 if TYPE_CHECKING:
@@ -160,7 +162,7 @@ class Browser:
             self._browser = self._playwright.chromium.launch(
                 executable_path=self.executable, args=args, headless=True)
             # The leaders of the process groups the driver started Chromium in.
-            self._pids = {pid for pid in chromium_pids() - before if _group_of(pid) == pid}
+            self._pids = {pid for pid in chromium_pids() - before if group_of(pid) == pid}
         self.launches += 1
         self.pages = 0
         logger.info("browser %s launched (%s, pids %s)", self.executable,
@@ -212,7 +214,8 @@ class Browser:
 
     # -- rendering ------------------------------------------------------------------------
 
-    def render(self, url: str, *, wait_for: str | None = None) -> RenderResult:
+    def render(self, url: str, *, wait_for: str | None = None, scroll: int = 0,
+               identity: Identity | None = None) -> RenderResult:
         """Load ``url``, run its scripts, and return the DOM.
 
         Args:
@@ -285,37 +288,6 @@ class Browser:
             ws.close(code=1008, reason="refused by the address guard")
 
 
-def chromium_pids(groups: set[int] | None = None) -> set[int]:
-    """The pids of this process's descendants running Chromium (read from /proc).
-
-    Args:
-        groups: only those in these process groups (a browser's: :attr:`Browser.groups`).
-    """
-    parents: dict[int, int] = {}
-    names: dict[int, str] = {}
-    group_of: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue  # exited meanwhile
-        fields = stat[stat.rindex(")") + 2:].split()
-        parents[int(entry)] = int(fields[1])
-        group_of[int(entry)] = int(fields[2])
-        names[int(entry)] = stat[stat.index("(") + 1:stat.rindex(")")]
-    ours = {os.getpid()}
-    changed = True
-    while changed:
-        found = {pid for pid, parent in parents.items() if parent in ours} - ours
-        changed = bool(found)
-        ours |= found
-    return {pid for pid in ours if "chrom" in names.get(pid, "")
-            and (groups is None or group_of.get(pid) in groups)}
-
-
 def _failure(url: str, exc: PlaywrightError, refused: list[str]) -> FetchError:
     """``blocked``: the guard refused the page (a hop, a document; not Chromium's own calls);
     ``invalid``: no page (a download); else ``connection``."""
@@ -327,24 +299,3 @@ def _failure(url: str, exc: PlaywrightError, refused: list[str]) -> FetchError:
     if "Download is starting" in text:
         return FetchError(f"{url}: not a page (the browser would download it)", kind="invalid")
     return FetchError(f"{url}: {text}", kind="connection")
-
-
-def _group_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[2])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def memory_bytes(pids: set[int]) -> int:
-    """The proportional set size of these processes (shared pages divided among them)."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as f:
-                total += sum(int(line.split()[1]) * 1024 for line in f
-                             if line.startswith("Pss:"))
-        except OSError:
-            continue  # exited meanwhile
-    return total

@@ -92,6 +92,11 @@ class FetchResult:
     tls_verified: bool | None = None
     #: A Cookie header went with a hop: the answer may be personal (never cached).
     cookies_sent: bool = False
+    #: Rendered in a browser (common/web/renderer.py): ``body`` is the DOM after its scripts.
+    rendered: bool = False
+    #: A rendered page's other requests to its own site (scripts, XHR...): the rate limit
+    #: counts them (common/web/ratelimit.py, ``RateLimiter.charge``).
+    subrequests: int = 0
 
 
 @dataclass

@@ -219,6 +219,23 @@ class Admission:
     jar: dict[bytes, bytes] | None = None
 
 
+#: A rendered page's own requests to its site (scripts, XHR...), logged as permits at once
+#: (common/web/renderer.py): the next pages of the site wait for them to leave the window.
+CHARGE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 1, tonumber(ARGV[1]) do
+  redis.call('ZADD', KEYS[1], now, t[1] .. t[2] .. ':sub' .. i)
+end
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+"""
+#: The most sub-requests one page is charged for (a page making thousands is capped by its
+#: time; its site is protected by the wait the first thousand cost).
+MAX_CHARGE = 1000
+
+
 class RateLimiter:
     """Rates per domain and the atomic admit call."""
 
@@ -230,6 +247,7 @@ class RateLimiter:
         self.max_crawl_delay_s = settings.robots_max_crawl_delay_s
         self.throttle = Throttle(settings)
         self._admit = client.register_script(ADMIT_LUA)
+        self._charge = client.register_script(CHARGE_LUA)
 
     def rate_for(self, domain: str, crawl_delay_s: float | None = None) -> Rate:
         """The configured rate for ``domain``, made stricter by a robots.txt Crawl-delay
@@ -284,6 +302,15 @@ class RateLimiter:
                          throttle=ThrottleState.from_reply(reply[5]) if len(reply) > 5 else None,
                          jobs_version=version,
                          jar=_pairs(reply[8]) if len(reply) > 8 else None)
+
+    def charge(self, domain: str, requests: int) -> None:
+        """Count ``requests`` more requests to ``domain`` now (a rendered page's scripts and
+        XHR): they fill its window as permits do, so the site's rate holds over a crawl."""
+        if requests <= 0:
+            return
+        rate = self.rate_for(domain)
+        span_ms = rate.window_ms + math.ceil(rate.window_ms * self.guard)
+        self._charge(keys=[rate_log_key(domain)], args=[min(requests, MAX_CHARGE), span_ms * 2])
 
     def report(self, pipe: redis.client.Pipeline, url: str, failure: Signal,
                retime: Retime | None) -> None:

@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.core.errors import FetchError
+from common.core.urls import domain_of
 from common.web import multi
 from common.web.browser import Browser
 from common.web.fetch import FetchResult
+from common.web.identity import Identity
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ class _Job:
 
     url: str
     wait_for: str | None
+    scroll: int = 0
+    identity: Identity | None = None  # the page's cookies (its proxy: not in a browser yet)
     wake_fd: int | None = None  # the pipe's write end, for a caller in a loop's task
     result: FetchResult | None = None
     error: FetchError | None = None
@@ -107,7 +111,8 @@ class _Slot:
                 self._drop_browser()  # Chromium went away between jobs
             if self.browser is None:
                 self.browser = self.renderer._new_browser()  # noqa: SLF001
-            rendered = self.browser.render(job.url, wait_for=job.wait_for)
+            extra = {k: v for k, v in (("scroll", job.scroll), ("identity", job.identity)) if v}
+            rendered = self.browser.render(job.url, wait_for=job.wait_for, **extra)
         except FetchError as exc:
             job.error = FetchError(str(exc), kind=exc.kind, sent_at=sent_at)
             if exc.kind == "connection" and _disconnected(self.browser):
@@ -127,7 +132,8 @@ class _Slot:
             url=job.url, final_url=rendered.final_url, status=rendered.status,
             content_type=_CONTENT_TYPE, body=body[:cap] if cap else body,
             elapsed_ms=rendered.elapsed_ms, truncated=bool(cap) and len(body) > cap,
-            sent_at=sent_at, http_version=None, remote_ip=None)
+            sent_at=sent_at, http_version=None, remote_ip=None, rendered=True,
+            subrequests=subrequests(job.url, rendered.requests))
 
     def _drop_browser(self) -> None:
         browser, self.browser = self.browser, None
@@ -177,12 +183,34 @@ class Renderer:
         return {group for slot in self._slots if slot.browser is not None
                 for group in slot.browser.groups}
 
+    def snapshot(self) -> dict[str, Any]:
+        """The pool, for the heartbeat and /healthz: threads alive, browsers running, pages
+        rendered by the running browsers, launches so far, their memory (PSS, MiB)."""
+        slots = list(self._slots)
+        browsers = [slot.browser for slot in slots if slot.browser is not None]
+        return {"threads": len(slots),
+                "alive": sum(1 for slot in slots if slot.thread.is_alive()),
+                "browsers": len(browsers),
+                "pages": sum(b.pages for b in browsers),
+                "launches": sum(b.launches for b in browsers),
+                "memory_mb": round(sum(b.memory_bytes() for b in browsers) / 2**20, 1),
+                "closed": self._closed}
+
+    def health(self) -> tuple[bool, str]:
+        """(healthy, the pool in a line): unhealthy once closed or no browser thread lives."""
+        pool = self.snapshot()
+        line = (f"render pool {pool['alive']}/{pool['threads']} threads, {pool['browsers']} "
+                f"browsers, {pool['pages']} pages, {pool['launches']} launches, "
+                f"{pool['memory_mb']} MiB")
+        return pool["alive"] > 0 and not pool["closed"], line
+
     def kill_browsers(self) -> None:
         """Kill every browser's Chromium now (tests; a hung renderer): their renders fail."""
         for slot in self._slots:
             slot.kill_browser()
 
-    def render(self, url: str, *, wait_for: str | None = None) -> FetchResult:
+    def render(self, url: str, *, wait_for: str | None = None, scroll: int = 0,
+               identity: Identity | None = None) -> FetchResult:
         """Render ``url`` in one of the browser threads and return it as a fetch result.
 
         Called in a :class:`~common.web.multi.FetchLoop` task, the loop's other tasks run
@@ -194,7 +222,7 @@ class Renderer:
         """
         self._restart_dead_threads()
         read_fd, write_fd = os.pipe()
-        job = _Job(url, wait_for, wake_fd=write_fd)
+        job = _Job(url, wait_for, scroll, identity, wake_fd=write_fd)
         try:
             self._jobs.put(job)
             deadline = time.monotonic() + self.timeout_s + MARGIN_S
@@ -257,6 +285,14 @@ class Renderer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def subrequests(url: str, requests: list[tuple[str, str, str]]) -> int:
+    """The requests a page made to its own site (rate-limit domain) past its document, that
+    the guard let through: what its site served it besides the page."""
+    site = domain_of(url)
+    allowed = [u for u, _kind, verdict in requests if verdict == "allowed"]
+    return sum(1 for u in allowed[1:] if domain_of(u) == site)
 
 
 def _disconnected(browser: Browser | None) -> bool:

@@ -54,10 +54,10 @@ from common.web.identity import Identity
 from common.web.login import LoginFailed, LoginSpec, log_in, parse_login
 from common.web.proxies import ProxyPool, parse_proxy_urls
 from common.web.sessions import Session, SessionPool
-from common.work.extract import Extractor
 from common.work.job_book import JobBook
 from common.work.outcome import DeadLetter, Failure, Park, Retry
-from common.work.rules_file import Rule, load_rules
+from common.work.rule_lookup import RuleLookup
+from common.work.rules_file import Rule
 
 if TYPE_CHECKING:
     from common.work.steps.trip import Trip
@@ -93,7 +93,7 @@ class Identities:
         self.lock_ms = int(max(settings.fetch_total_timeout_s, 1.0) * 3 * 1000)
         self.sessions = SessionPool(client)
         self.proxies = ProxyPool(settings, client)
-        self._rules: dict[str, Extractor | None] = {}  # EXTRACT_RULES -> its identity rules
+        self._rules = RuleLookup(lambda r: r.cookies is not None or r.proxies is not None)
         self._lists: dict[str, tuple[str, ...]] = {}  # PROXY_URLS -> the parsed list
         self._logins: dict[str, LoginSpec | Failure] = {}  # SESSION_LOGIN -> the spec
         try:  # the fleet's own values: a mistake stops the worker at start
@@ -189,23 +189,7 @@ class Identities:
     # -- per page ------------------------------------------------------------------------------
     def _rule(self, settings: Settings, url: str) -> Rule | None:
         """The first extraction rule matching ``url``, if any rule says who to fetch as."""
-        raw = settings.extract_rules
-        if not raw:
-            return None
-        extractor = self._rules.get(raw, False)
-        if extractor is False:
-            extractor = self._identity_rules(raw, settings)
-        return extractor.match(url) if extractor is not None else None
-
-    def _identity_rules(self, raw: str, settings: Settings) -> Extractor | None:
-        try:
-            rules = load_rules(raw, warn=lambda _message: None)  # Read warns about them
-        except ConfigError:
-            rules = ()  # the page is dead-lettered by Read (job_settings_invalid)
-        wanted = any(r.cookies is not None or r.proxies is not None for r in rules)
-        extractor = Extractor(rules, settings.rules_regex_timeout_s) if wanted else None
-        self._rules[raw] = extractor
-        return extractor
+        return self._rules.match(settings, url)
 
     def _proxy_list(self, raw: str) -> tuple[str, ...]:
         """The proxies of a PROXY_URLS value; ValueError (redacted) when one is not one."""

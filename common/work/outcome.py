@@ -13,7 +13,9 @@ A fetch task decides an :class:`Outcome` for each delivery; the I/O thread carri
 * ``paused``        a paused job's message, stored in ``job:{name}:parked`` (resumed from
                     there): ack, nothing published;
 * ``cancelled``     a message of a job's run that is no longer running (cancelled, finished,
-                    deleted, an older run), its outcome counted: ack, nothing else.
+                    deleted, an older run), its outcome counted: ack, nothing else;
+* ``render``        a page that needs a browser, published to the render queue twin of its
+                    queue (common/work/render_route.py): ack once confirmed.
 
 A step of the worker's journey (common/work/steps/) that ends a delivery without a result
 returns an :data:`Ending` instead (:class:`Park`, :class:`Retry`, :class:`DeadLetter`): what
@@ -34,7 +36,7 @@ from common.core.redact import LOG_VALUE_MAX_CHARS, clip
 from common.store.marks import DoneMark, Retime
 
 OutcomeKind = Literal["result", "delay", "dead_letter", "released", "already_done", "paused",
-                      "cancelled"]
+                      "cancelled", "render"]
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,16 @@ def park(message: WorkMessage, queue: str, delay_ms: float, why: str, *,
     publish = Publish(topology.hold_name(level), queue, parked.to_json())
     return Outcome("delay", message.url, (publish,),
                    detail=f"{why}: held {level} ms of {delay_ms:.0f} ms")
+
+
+def to_render(message: WorkMessage, queue: str, render: Any, why: str,
+              expiration_ms: int | None = None) -> Outcome:
+    """Send ``message`` on to ``queue``'s render twin, its ``render`` field set (true or the
+    options); its per-message TTL (a routing rule's) goes with it."""
+    sent = replace(message, extra={**message.extra, "render": render})
+    publish = Publish("", topology.RENDER_TWIN[queue], sent.to_json(),
+                      expiration_ms=expiration_ms)
+    return Outcome("render", message.url, (publish,), detail=why)
 
 
 def dead_letter(url: str, body: bytes, headers: dict[str, Any], detail: str,

@@ -6,17 +6,20 @@ may be acked. The journey is :data:`common.work.steps.STEPS`, one module each:
 
 1. **Decode**   the body as a work message, its URL canonical, its own headers checked;
 2. **Arrive**   a redelivery counted; a URL whose deliveries keep dying is poison;
-3. **Wait**     a message early for its ``not_before`` parked again, or slept out;
-4. **Robots**   robots.txt asked (ROBOTS_ENABLED): disallowed, unavailable, or on;
-5. **Admit**    the rate-limit turn and the cache, one Redis call: park, a cached page, go;
-6. **Fetch**    one GET (the message's headers under a revisit's conditional ones), with the
-                page's cookies and proxy (common/work/identities.py);
-7. **Archive**  the exchange into the WARC file (ARCHIVE=warc);
-8. **HandOff**  a 304, or a redirect to another origin handed to the producer path: recorded;
-9. **Classify** an error status retried or dead-lettered;
-10. **Read**    parsed once: extraction rules, handlers or EXTRACTOR, the links to follow;
-11. **Follow**  the page's links and follow requests published (crawl mode, user code);
-12. **Record**  the record, cache entry and counters stored, one Redis call.
+3. **Route**    a page that needs a browser sent on to the render queue (HTTP workers);
+4. **Wait**     a message early for its ``not_before`` parked again, or slept out;
+5. **Robots**   robots.txt asked (ROBOTS_ENABLED): disallowed, unavailable, or on;
+6. **Admit**    the rate-limit turn and the cache, one Redis call: park, a cached page, go;
+7. **Fetch**    one GET (the message's headers under a revisit's conditional ones), with the
+                page's cookies and proxy (common/work/identities.py); in a render worker,
+                the page loaded in Chromium (common/web/renderer.py);
+8. **Archive**  the exchange into the WARC file (ARCHIVE=warc);
+9. **HandOff**  a 304, or a redirect to another origin handed to the producer path: recorded;
+10. **Classify** an error status retried or dead-lettered;
+11. **Read**    parsed once: extraction rules, handlers or EXTRACTOR, the links to follow;
+12. **Shell**   a plain page that turns out to need a browser sent to the render queue;
+13. **Follow**  the page's links and follow requests published (crawl mode, user code);
+14. **Record**  the record, cache entry and counters stored, one Redis call.
 
 Each step returns None (the next goes on) or how the trip ends: an outcome, or an
 :data:`~common.work.outcome.Ending` (park, retry, dead letter) that
@@ -44,6 +47,7 @@ from common.store.marks import DoneMark
 from common.store.results import ResultStore
 from common.web.fetch import Fetcher
 from common.web.ratelimit import RateLimiter
+from common.web.renderer import Renderer
 from common.web.robots import robots_fetcher
 from common.work.expired import release_expired
 from common.work.giving_up import GivingUp
@@ -52,6 +56,7 @@ from common.work.job_book import JobBook
 from common.work.outcome import Outcome
 from common.work.poison import PoisonGuard, StuckWatch
 from common.work.redirects import Redirects
+from common.work.render_route import RenderRoute
 from common.work.robots_gate import RobotsGate
 from common.work.steps.admit import Admit
 from common.work.steps.archive import Archive
@@ -64,6 +69,8 @@ from common.work.steps.hand_off import HandOff
 from common.work.steps.read import Read
 from common.work.steps.record import Record
 from common.work.steps.robots import Robots
+from common.work.steps.route import Route
+from common.work.steps.shell import Shell
 from common.work.steps.trip import Trip
 from common.work.steps.wait import Wait
 
@@ -74,8 +81,11 @@ class Processor:
     """The worker's steps, built once; :meth:`process` runs them on each delivery."""
 
     def __init__(self, settings: Settings, client: redis.Redis,
-                 fetcher: Fetcher | None = None) -> None:
+                 fetcher: Fetcher | None = None, renderer: Renderer | None = None) -> None:
+        """``renderer``: a render worker's browsers (its pages are loaded in Chromium, its
+        robots.txt and logins still fetched over HTTP)."""
         self.client = client
+        self.renderer = renderer
         self.jobs = jobs = JobBook(settings, client)  # each job's definition and settings
         self.fetcher = fetcher or Fetcher(settings)
         limiter = RateLimiter(client, settings)
@@ -89,23 +99,26 @@ class Processor:
                                           DoneSet(client, settings.seen_buckets), self.seen,
                                           results, self.poison)
         self.gate = RobotsGate(settings, client, limiter,  # reads <= 500 KiB
-                               fetcher or robots_fetcher(settings)
-                               ) if settings.robots_enabled else None
+                               fetcher if fetcher is not None and renderer is None
+                               else robots_fetcher(settings)) if settings.robots_enabled else None
         follower = Follow.follower_for(settings, client)
         # The journey, in the order of STEPS (tests/test_layout.py holds the two together).
         self.decode = Decode.from_settings(settings)
         self.arrive = Arrive(self.poison, self.watch)
+        routes = RenderRoute(settings, client, jobs) if renderer is None else None
+        self.route = Route(routes)
         self.wait = Wait.from_settings(settings, jobs)
         self.robots = Robots(self.gate, jobs)
         self.identities = Identities(settings, client, jobs, self.fetcher)  # cookies, proxies
         self.admit = Admit.from_settings(settings, limiter, results, give_up, client, jobs,
                                          self.identities)
-        self.fetch = Fetch(self.fetcher, limiter, self.identities)
+        self.fetch = Fetch(self.fetcher, limiter, self.identities, renderer)
         self.archive = Archive.from_settings(settings)
         self.hand_off = HandOff.from_settings(settings, Redirects(settings, client, follower),
                                               results, jobs)
         self.classify = Classify()
         self.read = Read.from_settings(settings, jobs)
+        self.shell = Shell(routes)
         self.follow = Follow(follower, jobs)
         self.record = Record.from_settings(settings, results, jobs)
 
@@ -117,7 +130,8 @@ class Processor:
         end = self.decode.decode_message(trip) or self.arrive.count_arrival(trip)
         if end is None:  # arrived: the stuck-page watch has it until its end
             try:
-                end = (self.wait.wait_out(trip)
+                end = (self.route.route_page(trip)
+                       or self.wait.wait_out(trip)
                        or self.robots.ask_robots(trip)
                        or self.admit.take_turn(trip)
                        or self.fetch.fetch_page(trip)
@@ -125,6 +139,7 @@ class Processor:
                        or self.hand_off.hand_off_unparsed(trip)
                        or self.classify.classify_response(trip)
                        or self.read.read_page(trip)
+                       or self.shell.check_shell(trip)
                        or self.follow.follow_links(trip)
                        or self.record.record_page(trip))
             finally:
@@ -160,6 +175,8 @@ class Processor:
         self.read.close()
         self.identities.flush()
         self.fetcher.close()
+        if self.renderer is not None:
+            self.renderer.close()  # no Chromium is left running
         if self.gate is not None:
             self.gate.proxies.flush()  # robots.txt's proxies' counters
             self.gate.fetcher.close()

@@ -16,9 +16,10 @@ from lxml import etree
 from parsel.csstranslator import HTMLTranslator
 
 from common.core.errors import ConfigError
+from common.core.render_options import BadRenderOptions, RenderOptions, parse_render
 from common.web.proxies import parse_proxy_urls
 
-__all__ = ["compile_css", "compile_proxies", "compile_regex", "compile_xpath"]
+__all__ = ["compile_css", "compile_proxies", "compile_regex", "compile_render", "compile_xpath"]
 
 _translator = HTMLTranslator()
 
@@ -78,3 +79,21 @@ def compile_proxies(value: Any, where: str) -> tuple[str, ...]:
         raise ConfigError(f"EXTRACT_RULES {where} proxies: expected a list of proxy URLs "
                           f"or false")
     return parsed
+
+
+def compile_render(value: Any, where: str) -> tuple[RenderOptions | bool, str | None]:
+    """A rule's ``render`` (common/core/render_options.py): its options, or False (never
+    rendered, whatever RENDER says), and the XPath of its ``when_missing`` selector."""
+    if value is False:
+        return False, None
+    try:
+        options = parse_render(value, from_rule=True)
+    except BadRenderOptions as exc:
+        raise ConfigError(f"EXTRACT_RULES {where} render: {exc}") from None
+    if options is None:
+        raise ConfigError(f"EXTRACT_RULES {where} render: expected true, false or a mapping")
+    if options.wait_for is not None:
+        compile_css(options.wait_for, where, "render.wait_for")
+    missing = (compile_css(options.when_missing, where, "render.when_missing")
+               if options.when_missing is not None else None)
+    return options, missing

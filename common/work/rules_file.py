@@ -14,6 +14,8 @@ loads) or inline JSON. Top level: a list of rules, or ``{"rules": [...]}``. A ru
     handler: product        # HANDLERS' handler for the rule's pages (Rule.handler)
     cookies: false          # its pages get and keep no cookies (common/work/identities.py)
     proxies: [http://p:3128]  # its pages go through these proxies; false: direct
+    render: true            # its pages are rendered in a browser (docs/rendering.md); or
+                            # {wait_for: CSS, scroll: N, when_missing: CSS}; false: never
 
 At least one of host/path/url; every one given must match; the first matching rule wins.
 A FIELD is a CSS selector string (its text), or a mapping: ``css`` or ``xpath``; ``get``
@@ -46,17 +48,19 @@ import regex
 import yaml
 
 from common.core.errors import ConfigError
+from common.core.render_options import RenderOptions
 from common.core.urls import setting_host
 from common.work.rules_compile import compile_css as _css
 from common.work.rules_compile import compile_proxies as _proxies
 from common.work.rules_compile import compile_regex as _regex
+from common.work.rules_compile import compile_render as _render
 from common.work.rules_compile import compile_xpath as _xpath
 from common.work.user_regex import REGEX_TIMEOUTS, RegexBudget, RegexTimeout, rule_warnings
 from scrape_fleet.request import HANDLER_NAME
 
 TYPES = ("str", "int", "float", "decimal", "date", "bool", "url")
 RULE_KEYS = {"name", "host", "path", "url", "fields", "items", "follow", "handler", "cookies",
-             "proxies"}
+             "proxies", "render"}
 FIELD_KEYS = {"css", "xpath", "get", "many", "regex", "group", "type", "format", "default"}
 ITEMS_KEYS = {"selector", "css", "xpath", "fields", "name"}
 FOLLOW_KEYS = {"allow", "deny", "css", "xpath", "nofollow", "depth", "priority", "domains"}
@@ -115,6 +119,8 @@ class Rule:
     handler: str | None = None  # HANDLERS' handler for the pages it matches
     cookies: bool | None = None  # False: no cookies for its pages (None: the job's setting)
     proxies: tuple[str, ...] | None = None  # its pages' proxies; (): direct; None: the job's
+    render: RenderOptions | bool | None = None  # False: never; None: RENDER decides
+    render_missing: str | None = None  # render.when_missing's XPath (the adaptive check)
 
     def matches(self, url: str, host: str, path: str, budget: RegexBudget | None = None
                 ) -> bool:
@@ -197,13 +203,16 @@ def _rule(spec: Any, n: int) -> Rule:
     if "cookies" in spec and not isinstance(spec["cookies"], bool):
         raise ConfigError(f"EXTRACT_RULES {where} cookies: expected true or false")
     fields = _fields(spec.get("fields"), where, required=spec.get("items") is None
-                     and not {"follow", "cookies", "proxies"} & set(spec) and handler is None)
+                     and not {"follow", "cookies", "proxies", "render"} & set(spec)
+                     and handler is None)
     items = _items(spec["items"], where) if spec.get("items") is not None else None
     follow = _follow(spec["follow"], where) if "follow" in spec else None
+    render, render_missing = _render(spec["render"], where) if "render" in spec else (None, None)
     return Rule(name=name, host=host, path=_regex(spec.get("path"), where, "path"),
                 url=_regex(spec.get("url"), where, "url"), fields=fields, items=items,
                 follow=follow, handler=handler, cookies=spec.get("cookies"),
-                proxies=_proxies(spec["proxies"], where) if "proxies" in spec else None)
+                proxies=_proxies(spec["proxies"], where) if "proxies" in spec else None,
+                render=render, render_missing=render_missing)
 
 
 def _follow(spec: Any, where: str) -> Follow:

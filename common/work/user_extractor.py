@@ -340,7 +340,7 @@ class Call:
             return
         new = 0
         for group in self.follow:
-            extra = {key: group[key] for key in ("handler", "meta", "headers")
+            extra = {key: group[key] for key in ("handler", "meta", "headers", "render")
                      if group.get(key)}
             followed = follower.follow(self.response.final_url, group["urls"], depth, rules,
                                        page_token=page_token,

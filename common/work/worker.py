@@ -54,8 +54,7 @@ from common.work.processor import Processor
 
 logger = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE_S = 50.0  # below compose's stop_grace_period (60 s)
-_LOOP_TICK_S = 0.1
+SHUTDOWN_GRACE_S, _LOOP_TICK_S = 50.0, 0.1  # the grace: below compose's stop_grace_period
 #: While work is outstanding the I/O loop runs this often (acks wait at most this long).
 BUSY_TICK_S = 0.005
 
@@ -69,14 +68,13 @@ class Worker:
         self._stop = threading.Event()
         self.loops = FetchLoops(settings.concurrency, settings.fetch_loops, processor,
                                   self._hand_over, self._stop, SHUTDOWN_GRACE_S)
-        self._generation = 0
-        self._generation_started = False
+        self._generation, self._generation_started = 0, False
         self._connection: pika.BlockingConnection | None = None
         self._channel: Any = None
         self._publisher: ConfirmingPublisher | None = None
         self.ledger = AckLedger(self._record_dead_letter)
         self._last_delivery = time.monotonic()
-        self._consumed_since_connect = False
+        self._consumed_since_connect = False  # since the last connect
         self._completed: collections.deque[tuple[Delivery, Outcome | None]] = (
             collections.deque())
         self._done_lock = threading.Lock()
@@ -90,6 +88,7 @@ class Worker:
             self.loops.streak, settings.pressure_check_s)
         self._consumer_tags: list[str] = []
         self._paused = False  # consumers cancelled (see _apply_pressure)
+        self.queues = topology.RENDER_QUEUES if settings.render_worker else topology.WORK_QUEUES
 
     def request_stop(self, *_args: object) -> None:
         """First call: finish in-flight work and exit. Second call: exit at once."""
@@ -108,7 +107,14 @@ class Worker:
                 **job_fields((d.body for d in held), self.settings.handlers),
                 "concurrency": self.settings.concurrency,
                 "fetch_allow_networks": [str(n) for n in self.settings.fetch_allow_networks],
-                "pressure": self.pressure.verdict.as_dict()}
+                "pressure": self.pressure.verdict.as_dict(),
+                "renderer": self.processor.renderer and self.processor.renderer.snapshot()}
+
+    def health(self) -> tuple[bool, str]:
+        """/healthz: the pressure verdict, and a render worker's browser pool."""
+        (healthy, why), renderer = self.pressure.health(), self.processor.renderer
+        pool_ok, pool = renderer.health() if renderer is not None else (True, "")
+        return healthy and pool_ok, f"{why}; {pool}" if pool else why
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
@@ -119,7 +125,7 @@ class Worker:
         for t in (self.loops, self.pressure, self.heartbeat, Releaser(self.settings, self._stop),
                   self.processor.watch):  # common/work/poison.py: ends the worker on a stuck page
             t.start()  # the Releaser publishes deferred URLs on time (common/intake/defer.py)
-        server = metrics.serve(self.settings.metrics_port, self.pressure.health,
+        server = metrics.serve(self.settings.metrics_port, self.health,
                                self.settings.metrics_host)  # loopback unless told
         connected_once = False
         losses = 0  # connections lost in a row without a delivery in between
@@ -195,13 +201,14 @@ class Worker:
             logger.warning("paused: %s; %d deliveries in flight finish, new ones wait in "
                            "RabbitMQ", verdict.reason, len(self.ledger.inflight))
         else:
-            # Rank decides who a free fetch task serves first: expired messages (a cheap
-            # Redis call each), then priority_queue, then url_queue_ttl.
-            for rank, name in enumerate((topology.EXPIRED_QUEUE, *topology.WORK_QUEUES)):
+            # Rank decides who a free fetch task serves first: expired messages (a cheap Redis
+            # call each; not in a render worker), then priority_queue, then url_queue_ttl.
+            expired = () if self.settings.render_worker else (topology.EXPIRED_QUEUE,)
+            for rank, name in enumerate(expired + self.queues, start=1 - len(expired)):
                 callback = functools.partial(self._on_delivery, rank, name, self._generation)
                 self._consumer_tags.append(self._channel.basic_consume(name, callback))
             logger.info("worker %s consuming %s (concurrency %d, prefetch %d%s)",
-                        self.settings.worker_id, ", ".join(topology.WORK_QUEUES),
+                        self.settings.worker_id, ", ".join(self.queues),
                         self.settings.concurrency, self.settings.effective_prefetch,
                         ", priority auto-ack" if self.settings.priority_auto_ack else "")
             self._last_delivery = time.monotonic()  # a pause is not idleness
@@ -291,10 +298,9 @@ class Worker:
         # is skipped: the dead letter is durable in failed_urls, and the delivery is acked.
         try:
             self.processor.record_dead_letter(mark, record)
-        except redis.RedisError as exc:
-            logger.warning("could not record a dead-lettered URL's outcome (Redis: %s)", exc)
-        except Exception:  # noqa: BLE001 - the I/O thread must outlive a bad failure record
-            logger.exception("could not record a dead-lettered URL's outcome")
+        except Exception as exc:  # noqa: BLE001 - the I/O thread must outlive a bad record
+            logger.warning("could not record a dead-lettered URL's outcome (%s: %s)",
+                           type(exc).__name__, exc, exc_info=not isinstance(exc, redis.RedisError))
 
     def _graceful_shutdown(self) -> None:
         for tag in self._consumer_tags:

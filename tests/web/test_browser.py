@@ -22,8 +22,9 @@ import pytest
 
 from common.core.config import load_settings
 from common.core.errors import FetchError
-from common.web.browser import Browser, chromium_pids
+from common.web.browser import Browser
 from common.web.browser_guard import GuardProxy, refusal
+from common.web.browser_procs import chromium_pids
 from common.web.netguard import guard_from_setting
 from devtools.testsite import TestSite
 from tests.helpers import require_tool

@@ -21,7 +21,8 @@ import pytest
 from common.core.config import Settings, load_settings
 from common.core.errors import FetchError
 from common.web import renderer as renderer_module
-from common.web.browser import Browser, chromium_pids
+from common.web.browser import Browser
+from common.web.browser_procs import chromium_pids
 from common.web.fetch import Fetcher
 from common.web.multi import FetchLoop
 from common.web.renderer import Renderer

@@ -132,3 +132,25 @@ class RenderSettings(SettingsGroup):
         "RENDER_PAGES_PER_BROWSER", values.positive_int, "200",
         "Pages a browser renders before it is closed and a fresh one started (leaks end "
         "with it).")
+    render_max_browser_mb: int = setting(
+        "RENDER_MAX_BROWSER_MB", values.non_negative_int, "1024",
+        "A browser whose processes hold more than this (PSS, MiB) is recycled after its page; "
+        "0: only RENDER_PAGES_PER_BROWSER recycles.")
+    render_threads: int = setting(
+        "RENDER_THREADS", values.positive_int, "1",
+        "Browsers a render worker runs at once, each in a thread with its own Chromium (one "
+        "per core at most: rendering is CPU-bound).")
+    render_worker: bool = setting(
+        "RENDER_WORKER", values.boolean, "false",
+        "This worker renders: it consumes the render queues (render_priority, render_queue) "
+        "and loads pages in Chromium. `scrape-fleet work --render` sets it.")
+    render: str = setting(
+        "RENDER", values.choice("off", "auto", "always"), "off",
+        "Which pages a browser renders (docs/rendering.md). `off`: those a rule "
+        "(`render:`) or a handler (`page.follow(url, render=True)`) asks for; `auto`: also a "
+        "fetched page that looks like an empty JavaScript shell, and its domain's later pages "
+        "for RENDER_DOMAIN_TTL_S; `always`: every page. Needs render workers running "
+        "(`scrape-fleet work --render`).")
+    render_domain_ttl_s: int = setting(
+        "RENDER_DOMAIN_TTL_S", values.positive_int, "86400",
+        "How long a domain found to need a browser sends its pages straight to rendering.")

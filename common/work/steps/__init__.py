@@ -1,7 +1,7 @@
 """The steps of a delivery's trip through the worker, one module each, in this order:
 
-    decode → arrive → wait → robots → admit → fetch → archive → hand_off → classify → read
-    → follow → record
+    decode → arrive → route → wait → robots → admit → fetch → archive → hand_off → classify
+    → read → shell → follow → record
 
 :data:`STEPS` is that journey: the processor (common/work/processor.py) builds each step from
 the settings it needs and runs them in this order on one :class:`~common.work.steps.trip.Trip`
@@ -25,11 +25,13 @@ from common.work.steps.hand_off import HandOff
 from common.work.steps.read import Read
 from common.work.steps.record import Record
 from common.work.steps.robots import Robots
+from common.work.steps.route import Route
+from common.work.steps.shell import Shell
 from common.work.steps.wait import Wait
 
 __all__ = ["STEPS", "Admit", "Archive", "Arrive", "Classify", "Decode", "Fetch", "Follow",
-           "HandOff", "Read", "Record", "Robots", "Wait"]
+           "HandOff", "Read", "Record", "Robots", "Route", "Shell", "Wait"]
 
 #: A delivery's journey, in order.
-STEPS = (Decode, Arrive, Wait, Robots, Admit, Fetch, Archive, HandOff, Classify, Read, Follow,
-         Record)
+STEPS = (Decode, Arrive, Route, Wait, Robots, Admit, Fetch, Archive, HandOff, Classify, Read,
+         Shell, Follow, Record)

@@ -132,6 +132,10 @@ class RenderSettings(SettingsGroup):
         "RENDER_PAGES_PER_BROWSER", values.positive_int, "200",
         "Pages a browser renders before it is closed and a fresh one started (leaks end "
         "with it).")
+    render_max_bytes: int = setting(
+        "RENDER_MAX_BYTES", values.positive_int, "52428800",
+        "Most bytes a rendering page may download in all (its document, scripts, XHR...); "
+        "past it the page is stopped and dead-lettered (fetch_too_large).")
     render_max_browser_mb: int = setting(
         "RENDER_MAX_BROWSER_MB", values.non_negative_int, "1024",
         "A browser whose processes hold more than this (PSS, MiB) is recycled after its page; "

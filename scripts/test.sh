@@ -38,6 +38,7 @@ WAITING=(
     tests/test_proxies_fleet.py
     tests/test_sessions_fleet.py
     tests/test_login_fleet.py
+    tests/test_render_fleet.py
 )
 
 split=1

@@ -27,6 +27,7 @@
       max_uses: 200                   # SESSION_MAX_USES
       login: {url: https://shop.example/login, fields: {user: me, password: {env: SHOP_PW}}}
     proxies: {urls: [http://proxy.example:3128], rotation: session}   # or false: direct
+    render: auto                      # RENDER: off, auto or always (true/false: always/off)
     settings: {MAX_RECORD_BYTES: "131072"}   # other per-job settings (JOB_KNOBS)
 
 :func:`parse_job` turns the mapping into a :class:`JobSpec` or raises :class:`BadJob` naming
@@ -82,7 +83,7 @@ JOB_KNOBS = frozenset({
     "CRAWL_MAX_PAGES_PER_DOMAIN", "CRAWL_NOFOLLOW", "ROBOTS_ENABLED", "MAX_RECORD_BYTES",
     "RECORD_MAX_LINKS", "RULES_REGEX_TIMEOUT_S", "HANDLER_TIMEOUT_S", "MAX_WAIT_S",
     "COOKIES_ENABLED", "SESSION_POOL_SIZE", "SESSION_RETIRE_STATUSES", "SESSION_MAX_RETIRES",
-    "SESSION_MAX_USES", "SESSION_LOGIN", "PROXY_URLS", "PROXY_ROTATION",
+    "SESSION_MAX_USES", "SESSION_LOGIN", "PROXY_URLS", "PROXY_ROTATION", "RENDER",
 })
 #: Knobs whose values ``job show`` must not print as stored (credentials in proxy URLs).
 SECRET_KNOBS = frozenset({"PROXY_URLS"})
@@ -92,7 +93,7 @@ NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 DEFAULT_JOB = "default"
 PRIORITIES = ("normal", "high")
 _TOP = {"name", "seeds", "crawl", "rules", "handlers", "politeness", "priority", "limits",
-        "schedule", "webhooks", "settings", "description", "session", "proxies"}
+        "schedule", "webhooks", "settings", "description", "session", "proxies", "render"}
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,10 @@ def parse_job(data: Any, *, base_dir: str = ".", max_url_length: int = 2048) -> 
     limits = _limits(top.get("limits"), knobs)
     _session(top.get("session"), knobs)
     _proxies(top.get("proxies"), knobs)
+    if "render" in top:
+        render = top["render"]
+        knobs["RENDER"] = (("always" if render else "off") if isinstance(render, bool)
+                           else _scalar_text(render, "render"))
     priority = top.get("priority", "normal")
     if priority not in PRIORITIES:
         raise BadJob("priority", f"expected one of {', '.join(PRIORITIES)}, got {priority!r}")
@@ -229,7 +234,8 @@ _FIELD_OF = {"CRAWL_ENABLED": "crawl", "CRAWL_MAX_DEPTH": "crawl.max_depth",
              "CRAWL_NOFOLLOW": "crawl.nofollow", "EXTRACT_RULES": "rules",
              "HANDLERS": "handlers", "ROBOTS_ENABLED": "politeness.robots",
              **{env: f"session.{key}" for key, env in SESSION_FIELDS.items()},
-             "PROXY_URLS": "proxies.urls", "PROXY_ROTATION": "proxies.rotation"}
+             "PROXY_URLS": "proxies.urls", "PROXY_ROTATION": "proxies.rotation",
+             "RENDER": "render"}
 
 
 def _where(env: str, given: Mapping[str, Any]) -> str:

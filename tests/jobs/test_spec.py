@@ -152,3 +152,16 @@ def test_a_jobs_session_and_proxies_are_its_own_settings():
                      ).settings_for(fleet).proxy_urls == ""  # direct, whatever the fleet's
     assert not parse_job({"name": "c", "seeds": SEED, "session": {"cookies": False}}
                          ).settings_for(fleet).cookies_enabled
+
+
+def test_a_jobs_render_field_is_its_render_setting_and_a_bad_one_is_named():
+    fleet = load_settings({})
+    assert fleet.render == "off"
+    for given, expected in (("auto", "auto"), ("always", "always"), (True, "always"),
+                            (False, "off")):
+        spec = parse_job({"name": "a", "seeds": SEED, "render": given})
+        assert spec.settings_for(fleet).render == expected
+    for bad in ("sometimes", 3, ["auto"]):
+        with pytest.raises(BadJob) as caught:
+            parse_job({"name": "a", "seeds": SEED, "render": bad})
+        assert caught.value.field == "render", caught.value

@@ -257,6 +257,12 @@ def _worker_rows(snapshot: dict[str, Any], width: int | None) -> list[str]:
         outcomes = w.get("outcomes") or {}
         counts = (f"done={outcomes.get('result', 0)} failed={outcomes.get('dead_letter', 0)} "
                   f"delayed={outcomes.get('delay', 0)} in_flight={w['in_flight']}")
+        if outcomes.get("render"):
+            counts += f" to_render={outcomes['render']}"  # pages it sent to the render queue
+        pool = w.get("renderer")
+        if pool:  # a render worker: its browsers
+            counts += (f" browsers={pool.get('browsers', 0)}/{pool.get('threads', 0)} "
+                       f"rendered={pool.get('pages', 0)} mem={pool.get('memory_mb', 0)}MiB")
         if width is None:
             row = f"  {w['id']} on {w['host']}: {worker_state(w)}, {counts}"
         else:

@@ -127,3 +127,19 @@ def test_the_counters_line_shows_session_retires_and_logins_only_once_there_are_
     snapshot["counters"] = {"sessions_retired": 12, "session_logins": 4,
                             "session_logins_failed": 1}
     assert "sessions retired: 12  logins: 4 (1 failed)" in status_view.render(snapshot)
+
+
+def test_a_render_worker_row_shows_its_browsers_and_an_http_worker_what_it_sent_to_render():
+    snapshot = _busy_snapshot(workers=2)
+    snapshot["queues"].update({name: {"ready": 7, "consumers": 1, "unacked": 2,
+                                      "publish_rate": 1.0, "deliver_rate": 1.0}
+                               for name in ("render_priority", "render_queue")})
+    snapshot["workers"][0]["outcomes"]["render"] = 5
+    snapshot["workers"][1]["renderer"] = {"threads": 2, "alive": 2, "browsers": 1, "pages": 40,
+                                          "launches": 1, "memory_mb": 351.2, "closed": False}
+    text = status_view.render(snapshot)
+
+    assert "in_flight=16 to_render=5" in text
+    assert "browsers=1/2 rendered=40 mem=351.2MiB" in text
+    fitted = status_view.render(snapshot, 100, 40)
+    assert any(line.startswith("render_queue") for line in fitted.splitlines())

@@ -9,9 +9,12 @@ the installed Chromium, is the check, to run again whenever either is upgraded.
 
 Each render gets a fresh browser context (no cookies, cache or storage from another page), its
 requests pass :func:`~common.web.browser_guard.refusal` in the page's interception, and every
-connection Chromium opens goes through a :class:`~common.web.browser_guard.GuardProxy`. The
-browser is closed and a fresh one launched every RENDER_PAGES_PER_BROWSER pages; closing it
-kills its process groups, so no Chromium outlives it.
+connection Chromium opens goes through a :class:`~common.web.browser_guard.GuardProxy` (onward
+through the page's own proxy when its Identity has one; counting the bytes the page receives
+against RENDER_MAX_BYTES). The page's cookies are its Identity's jar, not Chromium's
+(common/web/browser_page.py). The browser is closed and a fresh one launched every
+RENDER_PAGES_PER_BROWSER pages, or after a page that left it above RENDER_MAX_BROWSER_MB (PSS);
+closing it kills its process groups, so no Chromium outlives it.
 
 Threads: Playwright's sync API runs its own event loop in greenlets of the thread that starts
 it. A :class:`Browser` is used from one thread only, and never from a
@@ -26,13 +29,14 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from common.core.errors import ConfigError, FetchError
-from common.web.browser_guard import CHROMIUM_SERVICE_HOSTS, GuardProxy, refusal
+from common.web import browser_page as in_page
+from common.web.browser_guard import GuardProxy, refusal
+from common.web.browser_page import RenderResult
 from common.web.browser_procs import chromium_pids, group_of, memory_bytes
-from common.web.identity import Identity
+from common.web.identity import CookieJar, Identity
 from common.web.netguard import AddressGuard
 
 if TYPE_CHECKING:
@@ -89,28 +93,6 @@ def _release_driver() -> None:
         _drivers.playwright = None
 
 
-@dataclass
-class RenderResult:
-    """A rendered page.
-
-    Attributes:
-        url: the URL asked for.
-        final_url: where the page ended (after HTTP and script redirects).
-        status: the HTTP status of the main document's last response.
-        html: the DOM serialised after rendering.
-        elapsed_ms: the whole render.
-        requests: every request the page made, as (url, resource type, verdict); the verdict
-            is ``allowed`` or ``refused: <reason>``.
-    """
-
-    url: str
-    final_url: str
-    status: int
-    html: str
-    elapsed_ms: float
-    requests: list[tuple[str, str, str]] = field(default_factory=list)
-
-
 class Browser:
     """One Chromium, rendering pages one at a time, recycled every ``pages_per_browser``.
 
@@ -121,17 +103,24 @@ class Browser:
         block_types: resource types refused (RENDER_BLOCK_TYPES).
         max_dom_nodes: a larger rendered DOM is refused (RENDER_MAX_DOM_NODES).
         pages_per_browser: renders before a fresh browser (RENDER_PAGES_PER_BROWSER).
+        max_bytes: a page receiving more is stopped, ``too_large`` (RENDER_MAX_BYTES; 0: no cap).
+        max_browser_mb: a browser above this PSS after a page is replaced
+            (RENDER_MAX_BROWSER_MB; 0: never measured).
     """
 
     def __init__(self, executable: str, guard: AddressGuard, *, timeout_s: float = 30.0,
                  block_types: frozenset[str] = frozenset({"image", "font", "media"}),
-                 max_dom_nodes: int = 200_000, pages_per_browser: int = 200) -> None:
+                 max_dom_nodes: int = 200_000, pages_per_browser: int = 200,
+                 max_bytes: int = 0, max_browser_mb: int = 0) -> None:
         self.executable = executable
         self.guard = guard
         self.timeout_s = timeout_s
         self.block_types = block_types
         self.max_dom_nodes = max_dom_nodes
         self.pages_per_browser = pages_per_browser
+        self.max_bytes = max_bytes
+        self.max_browser_mb = max_browser_mb
+        self.memory_checks_us: list[float] = []  # what each memory check took (the last 100)
         self.launches = 0  # browsers started so far
         self.pages = 0  # pages rendered by the current browser
         self._proxy = GuardProxy(guard)
@@ -146,7 +135,9 @@ class Browser:
                    block_types=frozenset(t.strip() for t in settings.render_block_types.split(",")
                                          if t.strip()),
                    max_dom_nodes=settings.render_max_dom_nodes,
-                   pages_per_browser=settings.render_pages_per_browser)
+                   pages_per_browser=settings.render_pages_per_browser,
+                   max_bytes=settings.render_max_bytes,
+                   max_browser_mb=settings.render_max_browser_mb)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -198,6 +189,19 @@ class Browser:
         """What the current browser's processes (renderers included) hold in memory (PSS)."""
         return memory_bytes(chromium_pids(self.groups)) if self._pids else 0
 
+    def _recycle_if_big(self) -> None:
+        """After a page: replace the browser when its PSS is above ``max_browser_mb``."""
+        if not self.max_browser_mb or self._browser is None:
+            return
+        started = time.perf_counter()
+        held = self.memory_bytes()
+        self.memory_checks_us = [*self.memory_checks_us[-99:],
+                                 (time.perf_counter() - started) * 1e6]
+        if held > self.max_browser_mb * 2**20:
+            logger.info("browser holds %.0f MiB after %d pages, more than RENDER_MAX_BROWSER_MB "
+                        "(%d): replacing it", held / 2**20, self.pages, self.max_browser_mb)
+            self._close_browser()
+
     def close(self) -> None:
         """Close the browser, its driver and the guard proxy; no Chromium is left running."""
         self._close_browser()
@@ -221,10 +225,13 @@ class Browser:
         Args:
             url: an http or https URL.
             wait_for: a CSS selector to wait for after the load (content filled in later).
+            scroll: then scroll to the bottom up to this many times, while the page grows.
+            identity: the page's cookie jar and proxy.
 
         Raises:
             FetchError: ``timeout`` past RENDER_TIMEOUT_S, ``invalid`` for a DOM over
-                RENDER_MAX_DOM_NODES, ``blocked`` when the guard refuses the page itself,
+                RENDER_MAX_DOM_NODES, ``too_large`` past RENDER_MAX_BYTES, ``blocked`` when
+                the guard refuses the page itself, ``proxy`` when its proxy fails,
                 ``connection`` when it cannot be loaded.
         """
         why = refusal(url, "document", self.guard)
@@ -238,44 +245,70 @@ class Browser:
         deadline_ms = self.timeout_s * 1000
         log: list[tuple[str, str, str]] = []
         refused_before = self._proxy.refused_count
+        jar = identity.cookies if identity is not None else None
+        self._proxy.begin_page(identity.proxy if identity is not None else None, self.max_bytes)
         context = self._browser.new_context(service_workers="block")
         try:
-            context.route("**/*", lambda route, request: self._check(route, request, log))
+            context.route("**/*", lambda route, request: self._check(route, request, log, jar))
             context.route_web_socket("**", lambda ws: self._check_socket(ws, log))
+            if jar is not None:
+                context.on("response", lambda answer: in_page.keep_cookies(jar, context, answer))
             page = context.new_page()
             page.set_default_timeout(deadline_ms)
             response = page.goto(url, wait_until="load", timeout=deadline_ms)
             if wait_for is not None:
                 left_ms = deadline_ms - (time.monotonic() - started) * 1000
                 page.wait_for_selector(wait_for, timeout=max(left_ms, 1), state="attached")
+            scrolls = in_page.scroll_down(page, scroll, started + self.timeout_s,
+                                  PlaywrightTimeout) if scroll > 0 else 0
+            self._raise_if_over_cap(url)
             nodes = int(page.evaluate(_DOM_NODES_JS))
             if nodes > self.max_dom_nodes:
                 raise FetchError(f"{url}: {nodes} DOM nodes, more than RENDER_MAX_DOM_NODES "
                                  f"({self.max_dom_nodes})", kind="invalid")
             html = page.content()
+            self._raise_if_over_cap(url)
             # Connections no request announced (a redirect's later hops, preconnects).
             log.extend((target, "connection", "refused: by the guard proxy")
                        for target in self._proxy.refused_since(refused_before))
             return RenderResult(
                 url=url, final_url=page.url, status=response.status if response else 0,
-                html=html, elapsed_ms=(time.monotonic() - started) * 1000, requests=log)
+                html=html, elapsed_ms=(time.monotonic() - started) * 1000, requests=log,
+                headers=in_page.response_headers(response), received_bytes=self._proxy.received,
+                scrolls=scrolls)
         except PlaywrightTimeout:
+            self._raise_if_over_cap(url)
             raise FetchError(f"{url}: not rendered within {self.timeout_s:g} s",
                              kind="timeout") from None
         except PlaywrightError as exc:
-            raise _failure(url, exc, self._proxy.refused_since(refused_before)) from None
+            self._raise_if_over_cap(url)
+            raise in_page.failure(url, exc, self._proxy.refused_since(refused_before),
+                          list(self._proxy.proxy_errors)) from None
         finally:
             try:
                 context.close()
             except PlaywrightError as exc:
                 logger.warning("closing the context of %s failed: %s", url, exc)
+            self._recycle_if_big()
 
-    def _check(self, route: Route, request: Request, log: list[tuple[str, str, str]]) -> None:
+    def _raise_if_over_cap(self, url: str) -> None:
+        if self._proxy.over_cap:
+            raise FetchError(f"{url}: the page received more than RENDER_MAX_BYTES "
+                             f"({self.max_bytes} bytes)", kind="too_large")
+
+    def _check(self, route: Route, request: Request, log: list[tuple[str, str, str]],
+               jar: CookieJar | None) -> None:
         why = refusal(request.url, request.resource_type, self.guard, self.block_types)
+        if why is None and self._proxy.over_cap:
+            why = "the page is past RENDER_MAX_BYTES"
         log.append((request.url, request.resource_type,
                     "allowed" if why is None else f"refused: {why}"))
         if why is None:
-            route.continue_()
+            headers = in_page.cookie_headers(jar, request.url, request.headers)
+            if headers is None:
+                route.continue_()
+            else:
+                route.continue_(headers=headers)
         else:
             route.abort("blockedbyclient")
 
@@ -287,15 +320,3 @@ class Browser:
         else:
             ws.close(code=1008, reason="refused by the address guard")
 
-
-def _failure(url: str, exc: PlaywrightError, refused: list[str]) -> FetchError:
-    """``blocked``: the guard refused the page (a hop, a document; not Chromium's own calls);
-    ``invalid``: no page (a download); else ``connection``."""
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    refused = [t for t in refused if t.rpartition(":")[0].lower() not in CHROMIUM_SERVICE_HOSTS]
-    if "ERR_BLOCKED_BY_CLIENT" in text or "ERR_SOCKS_CONNECTION_FAILED" in text and refused:
-        targets = f" (refused: {', '.join(refused)})" if refused else ""
-        return FetchError(f"{url}: refused by the address guard{targets}", kind="blocked")
-    if "Download is starting" in text:
-        return FetchError(f"{url}: not a page (the browser would download it)", kind="invalid")
-    return FetchError(f"{url}: {text}", kind="connection")

@@ -13,6 +13,11 @@ Two layers, because neither alone sees everything:
   every address passes the :class:`~common.web.netguard.AddressGuard`, and connects to the
   address it checked, so a redirect hop, a preconnect, a WebSocket or a name that re-resolves
   between check and use cannot reach a refused address.
+
+The proxy also holds what is per page (:meth:`GuardProxy.begin_page`, a browser rendering one
+page at a time): the page's own proxy, which the checked target is then reached through
+(common/web/browser_upstream.py), and the bytes the page received, counted against
+RENDER_MAX_BYTES: past the cap every connection of the page is cut and no other opened.
 """
 
 from __future__ import annotations
@@ -21,10 +26,14 @@ import ipaddress
 import logging
 import select
 import socket
+import ssl
 import struct
 import threading
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from common.core.redact import redact_url
+from common.web.browser_upstream import UpstreamError, connect_via
 from common.web.netguard import AddressGuard, resolve
 
 logger = logging.getLogger(__name__)
@@ -82,12 +91,20 @@ class GuardProxy:
 
     Serves on 127.0.0.1 from a daemon thread, a thread per connection. ``refused`` keeps the
     ``host:port`` targets it turned down (the last 1,000), for the render's log and the tests.
+    Per page (:meth:`begin_page`): ``upstream`` (the page's proxy, None: direct),
+    ``received`` (bytes from the targets), ``over_cap`` and ``proxy_errors``.
     """
 
     def __init__(self, guard: AddressGuard) -> None:
         self.guard = guard
         self.refused: list[str] = []
         self.refused_count = 0
+        self.upstream: str | None = None
+        self.max_bytes = 0
+        self.received = 0
+        self.over_cap = False
+        self.proxy_errors: list[str] = []
+        self._page = 0
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
@@ -105,6 +122,24 @@ class GuardProxy:
         with self._lock:
             new = self.refused_count - count
             return self.refused[-new:] if new > 0 else []
+
+    def begin_page(self, upstream: str | None = None, max_bytes: int = 0) -> None:
+        """A new page: its proxy (None: direct) and byte cap (0: none); counts start at 0.
+        Connections of an earlier page count no more."""
+        with self._lock:
+            self._page += 1
+            self.upstream, self.max_bytes = upstream, max_bytes
+            self.received, self.over_cap, self.proxy_errors = 0, False, []
+
+    def _count(self, page: int, n: int) -> bool:
+        """Add ``n`` received bytes to ``page``; False once the page is over its cap."""
+        with self._lock:
+            if page != self._page:
+                return True
+            self.received += n
+            if self.max_bytes and self.received > self.max_bytes:
+                self.over_cap = True
+            return not self.over_cap
 
     def close(self) -> None:
         self._closed = True
@@ -134,12 +169,13 @@ class GuardProxy:
                 return
             if target is None:
                 return
+            target, page = target
             with target:
                 client.settimeout(None)
                 target.settimeout(None)
-                _relay(client, target)
+                _relay(client, target, lambda n: self._count(page, n))
 
-    def _handshake(self, client: socket.socket) -> socket.socket | None:
+    def _handshake(self, client: socket.socket) -> tuple[socket.socket, int] | None:
         version, n_methods = _read(client, 2)
         if version != 5:
             raise ValueError(f"SOCKS version {version}")
@@ -167,8 +203,16 @@ class GuardProxy:
             logger.info("browser guard proxy: %s:%d refused: %s", host, port, why)
             client.sendall(b"\x05\x02\x00\x01" + bytes(6))  # not allowed by ruleset
             return None
+        with self._lock:
+            page, upstream, over = self._page, self.upstream, self.over_cap
+        if over:  # the page is past RENDER_MAX_BYTES: nothing more for it
+            client.sendall(b"\x05\x02\x00\x01" + bytes(6))
+            return None
         target = None
         for address in resolve(host):  # each one checked above; the first that answers
+            if upstream is not None:
+                target = self._through(upstream, host, address, port)
+                break
             try:
                 target = socket.create_connection((address, port), timeout=_CONNECT_TIMEOUT_S)
                 break
@@ -178,12 +222,25 @@ class GuardProxy:
             client.sendall(b"\x05\x05\x00\x01" + bytes(6))  # connection refused
             return None
         peer = target.getpeername()[0]
-        if not self.guard.allowed(peer):  # what was connected, not only what was resolved
+        if upstream is None and not self.guard.allowed(peer):  # what was connected, too
             target.close()
             client.sendall(b"\x05\x02\x00\x01" + bytes(6))
             return None
         client.sendall(b"\x05\x00\x00\x01" + bytes(6))
-        return target
+        return target, page
+
+    def _through(self, upstream: str, host: str, address: str,
+                 port: int) -> socket.socket | None:
+        """A tunnel to the checked target through the page's proxy (None: it failed, and
+        ``proxy_errors`` says why)."""
+        try:
+            return connect_via(upstream, host, address, port, _CONNECT_TIMEOUT_S)
+        except UpstreamError as exc:
+            logger.info("browser guard proxy: %s:%d through %s: %s", host, port,
+                        redact_url(upstream), exc)
+            with self._lock:
+                self.proxy_errors = [*self.proxy_errors[-99:], str(exc)]
+            return None
 
 
 def _read(sock: socket.socket, n: int) -> bytes:
@@ -196,8 +253,9 @@ def _read(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def _relay(a: socket.socket, b: socket.socket) -> None:
-    """Copy bytes both ways until both sides have finished sending (half-closes kept)."""
+def _relay(a: socket.socket, b: socket.socket, received: Callable[[int], bool]) -> None:
+    """Copy bytes both ways until both sides have finished sending (half-closes kept).
+    ``received(n)`` is told what came from ``b`` (the target); False cuts both."""
     peers = {a.fileno(): (a, b), b.fileno(): (b, a)}
     poller = select.poll()
     for fd in peers:
@@ -208,7 +266,11 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
             source, sink = peers[fd]
             try:
                 data = source.recv(_RELAY_CHUNK)
+                while data and isinstance(source, ssl.SSLSocket) and source.pending():
+                    data += source.recv(_RELAY_CHUNK)  # decrypted already: poll won't say
                 if data:
+                    if source is b and not received(len(data)):
+                        return  # over the page's byte cap: both closed by the caller
                     sink.sendall(data)
                     continue
             except OSError:

@@ -1,6 +1,11 @@
-# Image for the worker and the producers (same image, different command).
+# Image for the worker and the producers (same image, different command), and, from the same
+# file, the render workers' image (target `renderer`: the same plus Debian's Chromium and
+# Playwright).
 # Build: docker build -t scrape-fleet:local .   (`docker compose build` does this for you: the
-# `image` service of docker-compose.override.yml, the one service that builds)
+# `image` service of docker-compose.override.yml, the one service that builds it)
+# Render image: docker build --target renderer -t scrape-fleet-render:local .
+# (`docker compose --profile render build`: the `render-image` service of the override).
+# The last stage (`scraper`) is what a build without --target gives: the plain image.
 
 # The base image, by tag and by digest: a tag can be re-pushed, a digest cannot. PYTHON_DIGEST
 # is the tag's digest ("sha256:" and 64 hex digits, the multi-arch index digest printed by
@@ -8,7 +13,7 @@
 # tag alone) until a registry is reachable to read it; set the default here then, and until
 # then pass it: docker build --build-arg PYTHON_DIGEST=sha256:... .
 ARG PYTHON_DIGEST=
-FROM python:3.11.11-slim-bookworm${PYTHON_DIGEST:+@}${PYTHON_DIGEST}
+FROM python:3.11.11-slim-bookworm${PYTHON_DIGEST:+@}${PYTHON_DIGEST} AS runtime
 
 # User code (EXTRACTOR=package.module:function) and rules files (EXTRACT_RULES=@/path) live in
 # /app/extensions, which is on PYTHONPATH. Two ways to put them there:
@@ -41,6 +46,38 @@ RUN groupadd --system --gid 10001 scraper \
 COPY requirements.lock .
 RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements.lock
 
+# The render workers (`python worker.py --render`, docs/deployment.md "Render workers"):
+# Debian's chromium (no browser download is possible, nor wanted: the distribution patches it)
+# and Playwright from requirements-render.lock. `playwright install` is never run: the driver
+# launches BROWSER_EXECUTABLE. Fonts: Liberation (metric-compatible with Arial, Times and
+# Courier) and DejaVu, enough for layout; text in any script reaches the DOM, which is what the
+# fleet reads, without its fonts. Playwright launches Chromium with --no-sandbox (its default,
+# and Debian's chromium has no setuid sandbox helper); the container is the confinement: uid
+# 10001, no capabilities, no new privileges, a read-only root.
+# Not pinned to a version: Debian's security archive keeps only the newest chromium build, so a
+# pin would stop building at its next security update (and an old Chromium is the risk).
+FROM runtime AS renderer
+USER 0
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends chromium fonts-liberation fonts-dejavu-core \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+COPY requirements-render.lock .
+RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements.lock \
+        -r requirements-render.lock
+ENV BROWSER_EXECUTABLE=/usr/bin/chromium
+COPY . .
+# As in the `scraper` stage below (the comments there).
+RUN mkdir -p /data/results /data/archive /app/extensions \
+    && chown 10001:10001 /data/results /data/archive \
+    && find / -xdev -type f -perm /6000 -exec chmod a-s {} +
+
+USER 10001:10001
+# init: true (compose) reaps the Chromium processes that the driver leaves to PID 1.
+CMD ["python", "worker.py", "--render"]
+
+# The plain image, last so that a build without --target gives it: no browser, no Playwright.
+FROM runtime AS scraper
 COPY . .
 
 # The files sink's volume (compose: sink-files) and the WARC archive's (warc-archive) take

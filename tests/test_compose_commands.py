@@ -29,6 +29,7 @@ import yaml
 
 from common.core.config import load_settings
 from common.core.errors import ConfigError
+from common.core.knobs import KNOBS
 from tests.helpers import REPO_ROOT, compose_config, env_example
 
 README = REPO_ROOT / "README.md"
@@ -273,6 +274,73 @@ def test_the_tools_run_their_script_with_what_follows_the_service_name(config):
     assert container_argv(services["scraper"], []) == ["python", "worker.py"]
 
 
+
+# -- Render workers: their own image, their own profile ----------------------------------------
+
+def _stages() -> dict[str, list[str]]:
+    """The Dockerfile's stages by name, each its lines without comments, in order."""
+    stages: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in (REPO_ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("FROM "):
+            current = stages.setdefault(line.split()[-1], [])
+        if not line.lstrip().startswith("#"):
+            current.append(line)
+    return stages
+
+
+def _mib(quantity: str) -> float:
+    number, unit = re.fullmatch(r"(\d+)([MG])", str(quantity)).groups()
+    return int(number) * (1024 if unit == "G" else 1)
+
+
+def test_the_plain_image_is_the_default_target_and_only_the_render_image_has_a_browser():
+    stages = _stages()
+    assert list(stages)[-1] == "scraper", "a build without --target must give the plain image"
+    renderer = "\n".join(stages["renderer"])
+    assert stages["renderer"][0] == "FROM runtime AS renderer"
+    assert re.search(r"apt-get install -y --no-install-recommends chromium\b", renderer)
+    assert "-r requirements-render.lock" in renderer
+    assert "ENV BROWSER_EXECUTABLE=/usr/bin/chromium" in renderer
+    assert "playwright install" not in renderer, "no browser download: Debian's chromium"
+    assert renderer.splitlines()[-1] == 'CMD ["python", "worker.py", "--render"]'
+    assert "USER 10001:10001" in renderer
+    for plain in ("runtime", "scraper"):
+        text = "\n".join(stages[plain])
+        assert "chromium" not in text and "render" not in text, plain
+    assert "playwright" not in (REPO_ROOT / "requirements.lock").read_text()
+
+
+def test_render_workers_start_with_the_render_profile_from_the_render_image(config):
+    services = config["services"]
+    renderer, build = services["renderer"], services["render-image"]
+    assert renderer["profiles"] == ["render"] == build["profiles"]
+    assert build["build"]["target"] == "renderer" and build["image"] == renderer["image"]
+    assert container_argv(renderer, []) == ["python", "worker.py", "--render"]
+    assert renderer["init"] is True, "Chromium's exited children must be reaped"
+    assert {name: dep["condition"] for name, dep in renderer["depends_on"].items()} == {
+        "rabbitmq": "service_healthy", "redis": "service_healthy"}
+    assert "http://127.0.0.1:9100/healthz" in " ".join(renderer["healthcheck"]["test"])
+    assert int(renderer["deploy"]["replicas"]) == 1
+    # Nothing outside the profile runs or builds the render image: `up` stays light.
+    for name, service in services.items():
+        if service.get("image") == renderer["image"]:
+            assert service.get("profiles") == ["render"], name
+
+
+def test_render_worker_memory_is_sized_from_the_browsers_it_runs(config):
+    defaults = {knob.env: knob.default for knob in KNOBS}
+    browsers = int(defaults["RENDER_THREADS"])
+    resources = config["services"]["renderer"]["deploy"]["resources"]
+    worker_mib = 150  # the worker and Playwright's driver
+    # A browser measured at 323-366 MiB PSS (NOTES #73), recycled past RENDER_MAX_BROWSER_MB.
+    assert _mib(resources["reservations"]["memory"]) >= browsers * 400 + worker_mib
+    assert _mib(resources["limits"]["memory"]) >= (
+        browsers * int(defaults["RENDER_MAX_BROWSER_MB"]) + worker_mib)
+    tmp = next(v for v in config["services"]["renderer"]["volumes"]
+               if isinstance(v, dict) and v["target"] == "/tmp")
+    assert tmp["tmpfs"]["size"] >= 256 * 2**20, "Chromium's shared memory lives in /tmp"
+
 # -- Swarm: docker-compose.yml alone -------------------------------------------------------------
 
 def stack_deploy_files(text: str) -> list[list[str]]:
@@ -334,7 +402,9 @@ def test_docker_stack_deploy_reads_the_compose_file(tmp_path):
     assert result.returncode == 0, result.stderr
     stack = yaml.safe_load(result.stdout)
     assert set(stack["services"]) == {"rabbitmq", "redis", "scraper", "sink", "scheduler",
-                                     "api"}
+                                     "api", "renderer"}
+    # No render workers unless asked (RENDER_REPLICAS): a stack without the render image.
+    assert stack["services"]["renderer"]["deploy"]["replicas"] == 0
     assert all("ports" not in s for s in stack["services"].values())
     scraper = stack["services"]["scraper"]["deploy"]
     assert scraper["replicas"] == int(env_example()["SCRAPER_REPLICAS"])
@@ -351,12 +421,13 @@ def test_docker_stack_deploy_reads_the_compose_file(tmp_path):
     assert result.returncode != 0, "the override (profiles, conditions) is compose-only"
 
 
-def test_only_the_scrapers_metrics_listen_beyond_loopback_and_only_on_the_compose_network(
+def test_only_the_workers_metrics_listen_beyond_loopback_and_only_on_the_compose_network(
         config):
-    # METRICS_HOST defaults to 127.0.0.1; Prometheus (monitoring profile) scrapes scraper:9100.
+    # METRICS_HOST defaults to 127.0.0.1; Prometheus (monitoring profile) scrapes scraper:9100,
+    # the healthchecks of the scrapers and the render workers ask /healthz there.
     for name, service in config["services"].items():
         env = service.get("environment") or {}
-        if name == "scraper":
+        if name in {"scraper", "renderer"}:
             assert env["METRICS_HOST"] == "0.0.0.0" and env["METRICS_PORT"] == "9100"
             assert "ports" not in service  # reached over the compose network, never published
         else:  # unless .env sets them: the defaults, loopback and off

@@ -134,6 +134,7 @@ def test_both_overlays_render_every_part_of_the_fleet(rendered):
         kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
         assert {("Namespace", "scrape-fleet"), ("RabbitmqCluster", "rabbitmq"),
                 ("StatefulSet", "redis"), ("Deployment", "scraper"), ("ScaledObject", "scraper"),
+                ("Deployment", "renderer"), ("ScaledObject", "renderer"),
                 ("Job", "producer"), ("CronJob", "sitemap-producer"), ("Deployment", "sink"),
                 ("PersistentVolumeClaim", "sink-files")} <= kinds, overlay
         assert all(d["metadata"].get("namespace") == "scrape-fleet"
@@ -164,8 +165,8 @@ def test_the_validation_refuses_what_the_api_server_would(rendered):
 
 # -- the scraper ----------------------------------------------------------------------------
 
-def _worker(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (container,) = _pod_spec(_one(docs, "Deployment", "scraper"))["containers"]
+def _worker(docs: list[dict[str, Any]], name: str = "scraper") -> dict[str, Any]:
+    (container,) = _pod_spec(_one(docs, "Deployment", name))["containers"]
     return container
 
 
@@ -288,13 +289,18 @@ def test_every_process_finds_redis_through_the_sentinels_of_the_statefulset(rend
 
 # -- autoscaling, jobs, sink, monitoring ----------------------------------------------------
 
-def test_keda_scales_the_scrapers_on_ready_plus_unacked_of_the_work_queues(rendered):
+@pytest.mark.parametrize(("workers", "queues", "fewest"), [
+    ("scraper", topology.WORK_QUEUES, 1),  # one stays: it also consumes expired_urls
+    ("renderer", topology.RENDER_QUEUES, 0)])
+def test_keda_scales_each_kind_of_worker_on_ready_plus_unacked_of_its_own_queues(
+        rendered, workers, queues, fewest):
     every_queue = {q.name for q in topology.QUEUES} | {topology.hold_name(level)
                                                         for level in topology.HOLD_LEVELS_MS}
+    assert set(queues) <= every_queue
     for docs in rendered.values():
-        scaled = _one(docs, "ScaledObject", "scraper")["spec"]
-        assert scaled["scaleTargetRef"] == {"name": "scraper"}
-        assert 1 <= scaled["minReplicaCount"] < scaled["maxReplicaCount"]
+        scaled = _one(docs, "ScaledObject", workers)["spec"]
+        assert scaled["scaleTargetRef"] == {"name": workers}
+        assert fewest == scaled["minReplicaCount"] < scaled["maxReplicaCount"]
         (trigger,) = scaled["triggers"]
         meta = trigger["metadata"]
         assert trigger["type"] == "rabbitmq"
@@ -303,13 +309,13 @@ def test_keda_scales_the_scrapers_on_ready_plus_unacked_of_the_work_queues(rende
             "http", "QueueLength", "true", "sum")
         assert "excludeUnacknowledged" not in meta and int(meta["value"]) > 0
         matched = {q for q in every_queue if re.fullmatch(meta["queueName"], q)}
-        assert matched == set(topology.WORK_QUEUES)
+        assert matched == set(queues)
         assert meta["host"] == "http://rabbitmq.scrape-fleet.svc:15672/"
         auth = _one(docs, "TriggerAuthentication", trigger["authenticationRef"]["name"])
         assert {(r["parameter"], r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]} == {
             ("username", "rabbitmq-default-user", "username"),
             ("password", "rabbitmq-default-user", "password")}
-        assert "replicas" not in _one(docs, "Deployment", "scraper")["spec"], "KEDA owns it"
+        assert "replicas" not in _one(docs, "Deployment", workers)["spec"], "KEDA owns it"
 
 
 def test_the_producer_is_a_job_and_the_sitemap_producer_a_nightly_cronjob(rendered):
@@ -379,6 +385,56 @@ def test_the_control_plane_is_a_deployment_behind_a_service_probed_on_its_health
         (port,) = service["ports"]
         assert port["targetPort"] == "http"
         assert api["spec"]["replicas"] == {"local": 1, "prod": 2}[overlay]
+
+# -- the render workers ---------------------------------------------------------------------
+
+def test_render_workers_run_the_render_image_and_probe_the_pool_on_the_metrics_port(rendered):
+    images = {"local": "scrape-fleet-render:local",
+              "prod": "registry.example.com/scrape-fleet-render:1.0.0"}
+    for overlay, docs in rendered.items():
+        renderer = _one(docs, "Deployment", "renderer")
+        pod = _pod_spec(renderer)
+        worker = _worker(docs, "renderer")
+        assert worker["command"] == ["python", "worker.py", "--render"]
+        assert worker["image"] == images[overlay]
+        assert worker["image"] != _worker(docs)["image"], "the plain image has no browser"
+        env = _env(worker)
+        assert env["METRICS_HOST"]["value"] == "0.0.0.0"
+        ports = {p["name"]: p["containerPort"] for p in worker["ports"]}
+        for probe in (worker["readinessProbe"], worker["livenessProbe"]):
+            assert probe["httpGet"]["path"] == "/healthz"
+            assert ports[probe["httpGet"]["port"]] == int(env["METRICS_PORT"]["value"])
+        assert pod["terminationGracePeriodSeconds"] >= SHUTDOWN_GRACE_S + 10
+        # Chromium's exited processes are reaped by the pod's PID 1 (compose: init: true).
+        assert pod["shareProcessNamespace"] is True
+        assert "replicas" not in renderer["spec"], "KEDA owns it"
+
+
+def test_render_workers_keep_chromiums_shared_memory_in_memory_backed_volumes(rendered):
+    for docs in rendered.values():
+        pod = _pod_spec(_one(docs, "Deployment", "renderer"))
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in _worker(docs, "renderer")["volumeMounts"]}
+        for path in ("/tmp", "/dev/shm"):
+            assert volumes[mounts[path]]["emptyDir"]["medium"] == "Memory", path
+        # Chromium runs with --disable-dev-shm-usage: its shared memory is in /tmp.
+        assert _mib(volumes[mounts["/tmp"]]["emptyDir"]["sizeLimit"]) >= 256
+
+
+def test_render_worker_memory_is_sized_from_its_browsers(rendered):
+    defaults = {knob.env: knob.default for knob in KNOBS}
+    worker_mib = 150  # the worker and Playwright's driver
+    for docs in rendered.values():
+        worker = _worker(docs, "renderer")
+        browsers = int(_env(worker)["RENDER_THREADS"]["value"])
+        # A browser measured at 323-366 MiB PSS (NOTES #73), recycled past
+        # RENDER_MAX_BROWSER_MB: the request holds the first, the limit the second.
+        assert _mib(worker["resources"]["requests"]["memory"]) >= browsers * 400 + worker_mib
+        assert _mib(worker["resources"]["limits"]["memory"]) >= (
+            browsers * int(defaults["RENDER_MAX_BROWSER_MB"]) + worker_mib)
+        # Renders are CPU-bound: a core per browser.
+        assert float(worker["resources"]["requests"]["cpu"]) >= browsers
+
 
 # -- the Redis pods' start script ------------------------------------------------------------
 
@@ -510,7 +566,8 @@ def _who_reaches(spec: dict[str, Any], port: int) -> list[dict[str, Any]]:
 def test_every_overlay_has_the_four_network_policies(rendered):
     for docs in rendered.values():
         names = {d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"}
-        assert names == {"redis", "rabbitmq", "scraper-metrics", "scraper-egress"}
+        assert names == {"redis", "rabbitmq", "scraper-metrics", "scraper-egress",
+                         "renderer-metrics", "renderer-egress"}
 
 
 def test_rabbitmq_takes_amqp_from_the_fleets_pods_and_its_ui_port_from_keda_alone(rendered):
@@ -534,21 +591,25 @@ def test_rabbitmq_takes_amqp_from_the_fleets_pods_and_its_ui_port_from_keda_alon
         assert trigger["host"].endswith(":15672/")  # why KEDA is let in
 
 
-def test_scraper_metrics_are_reachable_from_the_monitoring_namespace_only(rendered):
+@pytest.mark.parametrize("workers", ["scraper", "renderer"])
+def test_worker_metrics_are_reachable_from_the_monitoring_namespace_only(rendered, workers):
     for docs in rendered.values():
-        spec = _policy(docs, "scraper-metrics")
-        assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "scraper"}
+        spec = _policy(docs, f"{workers}-metrics")
+        assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": workers}
         assert spec["policyTypes"] == ["Ingress"]
         (rule,) = spec["ingress"]
-        assert _ports(rule) == {(int(_env(_worker(docs))["METRICS_PORT"]["value"]), "TCP")}
+        assert _ports(rule) == {(int(_env(_worker(docs, workers))["METRICS_PORT"]["value"]),
+                                 "TCP")}
         (peer,) = rule["from"]
         assert _namespace_of(peer) == "monitoring" and set(peer) == {"namespaceSelector"}
 
 
-def test_scrapers_reach_dns_the_fleet_and_public_addresses_but_no_private_range(rendered):
+@pytest.mark.parametrize("workers", ["scraper", "renderer"])
+def test_workers_reach_dns_the_fleet_and_public_addresses_but_no_private_range(rendered,
+                                                                               workers):
     for docs in rendered.values():
-        spec = _policy(docs, "scraper-egress")
-        assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "scraper"}
+        spec = _policy(docs, f"{workers}-egress")
+        assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": workers}
         assert spec["policyTypes"] == ["Egress"]
         blocks = [peer["ipBlock"] for rule in spec["egress"] for peer in rule["to"]
                   if "ipBlock" in peer]

@@ -6,6 +6,7 @@ Each ``*_main`` is a command of common/ops/console.py and the body of its root s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import signal
@@ -57,12 +58,27 @@ def work_args(settings: Settings, argv: list[str] | None = None,
 def work_main(settings: Settings, argv: list[str] | None = None, prog: str | None = None) -> int:
     """``worker.py`` / ``scrape-fleet work``."""
     settings = work_args(settings, argv, prog)
+    renderer = _renderer(settings) if settings.render_worker else None  # ConfigError: exit 2
     redis_client = worker_client(settings)  # replies read through the fetch loop
-    renderer = Renderer(settings, settings.render_threads) if settings.render_worker else None
     processor = Processor(settings, redis_client, renderer=renderer)
     worker = Worker(settings, processor)
     worker.install_signal_handlers()
     return worker.run()
+
+
+def _renderer(settings: Settings) -> Renderer:
+    """A render worker's browsers, once what they need is here (else ConfigError at start,
+    not a dead letter per page)."""
+    if importlib.util.find_spec("playwright") is None:
+        raise ConfigError("a render worker needs Playwright for Python: pip install "
+                          "'scrape-fleet[render]' (or requirements-render.lock); no browser is "
+                          "downloaded, it drives BROWSER_EXECUTABLE")
+    executable = settings.browser_executable
+    if not (os.path.isfile(executable) and os.access(executable, os.X_OK)):
+        raise ConfigError(f"BROWSER_EXECUTABLE={executable}: not an executable file; install "
+                          "the distribution's Chromium (Debian: apt install chromium) or point "
+                          "BROWSER_EXECUTABLE at it")
+    return Renderer(settings, settings.render_threads)
 
 
 def sink_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:

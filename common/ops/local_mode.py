@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import secrets
-import shlex
 import signal
 import subprocess
 import sys
@@ -37,21 +36,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote
 
 import redis
 
 from common.core.config import Settings
+from common.core.values import non_negative_int
 from common.ops import cli, local_api
-from common.ops.fleet_dir import DIR_VARIABLE, LOCAL_VARIABLES, FleetDir, Proc, default_dir
+from common.ops.fleet_dir import LOCAL_VARIABLES, FleetDir, Proc, default_dir
 from common.ops.fleet_settings import (
-    SETTABLE,
     assignment,
-    described,
     from_environment,
     run_settings,
     running_text,
 )
+from common.ops.local_text import dir_flag, started_text
 from common.ops.rabbit_node import RabbitNode
 from common.ops.servers import (
     ServicesUnavailable,
@@ -87,6 +86,9 @@ def _args(argv: list[str] | None, prog: str | None, down: bool) -> argparse.Name
     else:
         parser.add_argument("--workers", type=cli.positive_int, default=2, metavar="N",
                             help="worker processes (default 2)")
+        parser.add_argument("--render", type=cli.argument(non_negative_int), default=0, metavar="N",
+                            help="render workers driving Chromium, for pages that need a "
+                                 "browser (docs/rendering.md; default 0)")
         parser.add_argument("--any-port", action="store_true",
                             help="free loopback ports instead of 5672, 15672 and 6379")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -116,21 +118,22 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
     running = [p for p in procs if p.alive]
     if running:
         if len(running) == len(procs):
-            print(started_text(fleet, int(str(state.get("workers", 0))), already=True))
+            print(started_text(fleet, int(str(state.get("workers", 0))), already=True,
+                               renderers=int(str(state.get("renderers", 0)))))
             if values != stored:
                 fleet.write_settings(values)
                 print(f"settings saved in {fleet.settings_file}; {running_text(fleet)}")
             return cli.EXIT_OK
         dead = ", ".join(p.name for p in procs if not p.alive)
         print(f"the fleet in {fleet.path} is partly up ({dead} not running): "
-              f"`scrape-fleet down{_dir_flag(fleet)}` first", file=sys.stderr)
+              f"`scrape-fleet down{dir_flag(fleet)}` first", file=sys.stderr)
         return cli.EXIT_PARTIAL
     binaries = find_binaries()
     fleet.create()
     fleet.write_settings(values)
     node = _node(fleet, binaries, any_port=args.any_port)
     started: list[Proc] = []
-    state = {"node": node.nodename, "workers": args.workers}
+    state = {"node": node.nodename, "workers": args.workers, "renderers": args.render}
     try:
         print(f"starting RabbitMQ {node.nodename} (takes 5-20 s)...", file=sys.stderr)
         started.append(Proc.of("rabbitmq", node.launch(fleet.logs / "rabbitmq.out").pid))
@@ -156,6 +159,10 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
         workers = {f"local-{n}": _spawn(fleet, f"worker-{n}", ["work"], env,
                                         {"WORKER_ID": f"local-{n}"})
                    for n in range(1, args.workers + 1)}
+        workers.update({f"local-render-{n}": _spawn(fleet, f"worker-render-{n}",
+                                                    ["work", "--render"], env,
+                                                    {"WORKER_ID": f"local-render-{n}"})
+                        for n in range(1, args.render + 1)})
         started += workers.values()
         fleet.write_state(started, **state)
         for worker_id, proc in workers.items():
@@ -173,7 +180,7 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
         print("start failed: stopping what started", file=sys.stderr)
         stop_fleet(fleet, timeout_s=30, say=lambda text: print(text, file=sys.stderr))
         raise
-    print(started_text(fleet, args.workers))
+    print(started_text(fleet, args.workers, renderers=args.render))
     if taken:
         print(f"kept from the environment for the next runs: {', '.join(taken)} "
               f"(`scrape-fleet config unset NAME` forgets one)")
@@ -240,7 +247,7 @@ def down_main(settings: Settings, argv: list[str] | None = None,
         print(f"nothing is up in {args.fleet.path}")
         return cli.EXIT_OK
     clean = stop_fleet(args.fleet, timeout_s=args.timeout)
-    print(f"down: data kept in {args.fleet.path}; `scrape-fleet up{_dir_flag(args.fleet)}` "
+    print(f"down: data kept in {args.fleet.path}; `scrape-fleet up{dir_flag(args.fleet)}` "
           "starts it again")
     return cli.EXIT_OK if clean else cli.EXIT_PARTIAL
 
@@ -316,35 +323,3 @@ def _on_redis(redis_url: str | None, what: str, action: Callable[[redis.Redis], 
         return None
     finally:
         client.close()
-
-
-def _dir_flag(fleet: FleetDir) -> str:
-    return "" if fleet.path == default_dir() else f" --dir {fleet.path}"
-
-
-def started_text(fleet: FleetDir, workers: int, *, already: bool = False) -> str:
-    """What ``up`` prints: where everything is, and the next commands to type."""
-    env = fleet.read_env()
-    ui, amqp, store = (urlsplit(env[k]) for k in ("RABBITMQ_MANAGEMENT_URL", "RABBITMQ_URL",
-                                                  "REDIS_URL"))
-    steps = [(f"export {DIR_VARIABLE}={shlex.quote(str(fleet.path))}",
-              "so the commands below find this fleet")] if fleet.path != default_dir() else []
-    steps += [("scrape-fleet produce -f urls.txt", "seed your URLs: one a line, '#' comments"),
-              ("scrape-fleet status --watch", "progress, rate and ETA (Ctrl-C leaves)"),
-              ("scrape-fleet export -o results.jsonl", "every result so far, as JSON Lines"),
-              (f"scrape-fleet down{_dir_flag(fleet)}", "stop: workers finish what they hold")]
-    width = max(len(command) for command, _ in steps) + 2
-    return "\n".join([
-        f"scrape-fleet is {'already ' if already else ''}up: {workers} workers, the files "
-        f"sink, the scheduler (jobs) and the control plane, data in {fleet.path}",
-        # The password is never printed: it is in fleet.env (mode 0600), RABBITMQ_MANAGEMENT_URL.
-        f"  RabbitMQ management UI: http://localhost:{ui.port}  user "
-        f"{unquote(ui.username or '')}  password: RABBITMQ_MANAGEMENT_URL in {fleet.env_file}",
-        f"  AMQP 127.0.0.1:{amqp.port}, Redis 127.0.0.1:{store.port} (URLs in {fleet.env_file})",
-        *local_api.api_lines(fleet),
-        f"  logs: {fleet.logs}/  results (gzip JSON Lines): {fleet.results}/",
-        f"settings (kept for the next up in {fleet.settings_file}; `scrape-fleet config set "
-        "KEY=VALUE` changes them):",
-        *described({k: v for k, v in env.items() if k in SETTABLE}, fleet),
-        "next:", *(f"  {command:<{width}}# {why}" for command, why in steps),
-    ])

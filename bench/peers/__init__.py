@@ -1,0 +1,1 @@
+"""Peer crawlers the bench runs in bench/.venv against the fleet (one module per peer)."""

@@ -25,6 +25,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from common.store.keys import COUNTERS
 
 if TYPE_CHECKING:
+    from common.web.renderer import Renderer
     from common.work.outcome import Outcome
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,12 @@ THROTTLED_RATE = Gauge("fleet_throttled_domain_rate_ratio", "A throttled domain'
                        ["domain", "reason"], registry=REGISTRY)
 THROTTLED_SINCE = Gauge("fleet_throttled_domain_since_seconds", "When the domain's throttling "
                         "began (Unix time)", ["domain", "reason"], registry=REGISTRY)
+RENDER_BROWSERS = Gauge("fleet_render_browsers", "A render worker's running browsers "
+                        "(Chromium processes groups) at the last heartbeat", registry=REGISTRY)
+RENDER_MEMORY = Gauge("fleet_render_memory_bytes", "PSS of a render worker's browsers (all "
+                      "their processes) at the last heartbeat", registry=REGISTRY)
+RENDER_LAUNCHES = Gauge("fleet_render_launches", "Browsers its running browser threads have "
+                        "launched (a recycled or dead browser is replaced)", registry=REGISTRY)
 USER_CODE_STOPPED = Counter("fleet_user_code_stopped_total", "Pages whose user code was "
                             "stopped: regex_timeouts, extractor_timeouts, extractor_crashes",
                             ["kind"], registry=REGISTRY)
@@ -81,7 +88,8 @@ EXPORTED = ("fleet_fetches_total", "fleet_fetch_seconds", "fleet_fetch_bytes_tot
             "fleet_worker_paused", "fleet_worker_healthy", "fleet_redis_used_memory_bytes",
             "fleet_redis_maxmemory_bytes", "fleet_results_backlog", "fleet_redis_refusals_total",
             "fleet_throttled_domain_rate_ratio", "fleet_throttled_domain_since_seconds",
-            "fleet_user_code_stopped_total")
+            "fleet_user_code_stopped_total", "fleet_render_browsers", "fleet_render_memory_bytes",
+            "fleet_render_launches")
 
 #: Most throttled domains one worker exports at a time (the rest: stats.py lists them all).
 MAX_THROTTLED_SERIES = 100
@@ -175,3 +183,14 @@ def count_outcome(queue: str, outcome: Outcome) -> None:
     OUTCOME_LOG.log(logging.DEBUG if outcome.kind in QUIET_OUTCOMES else logging.INFO,
                     "%s %s -> %s %s%s", queue, outcome.url, outcome.kind, outcome.detail,
                     f" [job {outcome.job}]" if outcome.job else "")
+
+
+def render_pool(renderer: Renderer | None) -> dict[str, Any] | None:
+    """A render worker's pool for its heartbeat (None: not a render worker), its gauges set."""
+    if renderer is None:
+        return None
+    pool = renderer.snapshot()
+    RENDER_BROWSERS.set(pool["browsers"])
+    RENDER_MEMORY.set(pool["memory_mb"] * 2**20)
+    RENDER_LAUNCHES.set(pool["launches"])
+    return pool

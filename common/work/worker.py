@@ -108,7 +108,7 @@ class Worker:
                 "concurrency": self.settings.concurrency,
                 "fetch_allow_networks": [str(n) for n in self.settings.fetch_allow_networks],
                 "pressure": self.pressure.verdict.as_dict(),
-                "renderer": self.processor.renderer and self.processor.renderer.snapshot()}
+                "renderer": metrics.render_pool(self.processor.renderer)}
 
     def health(self) -> tuple[bool, str]:
         """/healthz: the pressure verdict, and a render worker's browser pool."""

@@ -285,14 +285,27 @@ def reap(watches: Sequence[TreeWatch], timeout_s: float) -> None:
             time.sleep(0.2)
 
 
-def leftover_chromium(watches: Sequence[TreeWatch]) -> list[int]:
+def leftover_chromium(watches: Sequence[TreeWatch]) -> list[str]:
     """Chromium processes of these trees still alive: by (pid, start) seen, or in a group
-    a Chromium of theirs led."""
+    a Chromium of theirs led ("pid comm parent=ppid" each)."""
     procs = read_procs()
     seen = set().union(*(w.chromium for w in watches))
     groups = set().union(*(w.chromium_groups for w in watches))
-    return sorted(p.pid for p in procs.values()
-                  if (p.pid, p.start) in seen or (p.pgid in groups and "chrom" in p.comm.lower()))
+    return [f"{p.pid} {p.comm} parent={p.ppid}" for p in procs.values()
+            if (p.pid, p.start) in seen or (p.pgid in groups and "chrom" in p.comm.lower())]
+
+
+def leftover_figures(watches: Sequence[TreeWatch], grace_s: float = 10.0) -> dict[str, Any]:
+    """Chromium left the moment the last process was reaped, and how long until none (a
+    browser whose driver exited is still shutting down for a moment), up to ``grace_s``."""
+    started = time.monotonic()
+    at_exit = left = leftover_chromium(watches)
+    while left and time.monotonic() - started < grace_s:
+        time.sleep(0.2)
+        left = leftover_chromium(watches)
+    return {"leftover_chromium_at_exit": len(at_exit), "leftover_examples": at_exit[:4],
+            "leftover_chromium": len(left),
+            "leftover_gone_after_s": round(time.monotonic() - started, 1) if not left else None}
 
 
 # -- figures ----------------------------------------------------------------------------------
@@ -384,7 +397,7 @@ def run_fleet(services: Any, server: NginxFarm, farm: Farm, urls: Sequence[str],
     reap([http, *renderers], timeout_s=60 + 3.0 * len(urls))
     sampler.stop()
     busy_s, run_s = machine_busy_s() - busy_before, time.monotonic() - started
-    leftover = leftover_chromium(renderers)
+    leftover = leftover_figures(renderers)
     pages, data_requests = split_log(server.read_log(offset))
     if not pages:
         raise RuntimeError(f"fleet: nginx logged no page; see the logs in {work}")
@@ -394,8 +407,7 @@ def run_fleet(services: Any, server: NginxFarm, farm: Farm, urls: Sequence[str],
     depths = queue_depths(services, [*topology.RENDER_QUEUES, topology.FAILED_QUEUE])
     figures = crawl_figures("fleet", pages, data_requests, renderers, 2 * args.threads,
                             busy_s, run_s)
-    figures.update(check_records(records, urls, farm), leftover_chromium=len(leftover),
-                   queues_left=depths, http_worker_cpu_s=round(http.cpu_s, 1),
+    figures.update(check_records(records, urls, farm), **leftover, queues_left=depths, http_worker_cpu_s=round(http.cpu_s, 1),
                    exits={w.name: w.returncode for w in [http, *renderers]})
     return figures
 
@@ -419,7 +431,7 @@ def run_peer(server: NginxFarm, farm: Farm, urls: Sequence[str], work: Path,
     reap(watches, timeout_s=60 + 3.0 * len(urls))
     sampler.stop()
     busy_s, run_s = machine_busy_s() - busy_before, time.monotonic() - started
-    leftover = leftover_chromium(watches)
+    leftover = leftover_figures(watches)
     pages, data_requests = split_log(server.read_log(offset))
     if not pages:
         tail = (work / "peer-0.log").read_text(errors="replace")[-3000:]
@@ -431,8 +443,7 @@ def run_peer(server: NginxFarm, farm: Farm, urls: Sequence[str], work: Path,
             records += [json.loads(line) for line in path.read_text().splitlines() if line]
     figures = crawl_figures("crawlee-playwright", pages, data_requests, watches,
                             2 * args.threads, busy_s, run_s)
-    figures.update(check_records(records, urls, farm), leftover_chromium=len(leftover),
-                   exits={w.name: w.returncode for w in watches})
+    figures.update(check_records(records, urls, farm), **leftover, exits={w.name: w.returncode for w in watches})
     return figures
 
 
@@ -473,7 +484,8 @@ def summary(figures: Mapping[str, Any]) -> list[str]:
             f"{row['pages_per_s']} pages/s; {row['cpu_ms_per_page']} CPU-ms/page = "
             f"{row['pages_per_cpu_s']} pages/s per core; results {row['results']} "
             f"({row['urls_with_several']} URLs with several, {row['wrong_fields']} wrong); "
-            f"Chromium left {row['leftover_chromium']}")
+            f"Chromium left {row['leftover_chromium_at_exit']} at exit, "
+            f"{row['leftover_chromium']} after {row['leftover_gone_after_s'] or 10} s")
         for name, proc in row["processes"].items():
             lines.append(
                 f"  {name}: CPU {proc['cpu_s']} s, peak PSS {proc['peak_pss_mb']} MB / RSS "

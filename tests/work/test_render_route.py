@@ -26,6 +26,7 @@ from common.store.keys import RENDER_DOMAINS
 from common.work import render_route
 from common.work.job_book import JobBook
 from common.work.outcome import Outcome
+from common.work.parse import parse_html
 from common.work.processor import Processor
 from common.work.render_route import RenderDomains, RenderRoute, looks_like_shell
 from common.work.rules_file import load_rules
@@ -52,14 +53,25 @@ def _route(settings: Settings, redis_client: Any, **overrides: Any) -> RenderRou
 # -- the shell check ---------------------------------------------------------------------------
 
 
+def _shell(body: bytes) -> bool:
+    """The shell check on a page measured as the Read step measures it."""
+    return looks_like_shell(parse_html(body, f"{SITE}/").text_length, body)
+
+
 def test_an_empty_app_page_with_a_script_looks_like_a_shell():
-    assert looks_like_shell(len("You need to enable JavaScript to run this app."), SHELL)
+    assert _shell(SHELL)
+    assert _shell(b"<html><head><script src=/app.js></script></head><body></body></html>")
 
 
 def test_a_page_with_scripts_and_a_lot_of_text_is_not_a_shell():
-    visible = len("A long read") + len("Plain words anyone can read without a browser. ") * 20
-    assert visible > render_route.SHELL_TEXT_CHARS
-    assert not looks_like_shell(visible, ARTICLE)
+    assert parse_html(ARTICLE, f"{SITE}/").text_length > render_route.SHELL_TEXT_CHARS
+    assert not _shell(ARTICLE)
+
+
+def test_script_text_does_not_count_as_visible_text():
+    padded = (b"<html><body><div id=root></div><script>var state = '"
+              + b"x" * 5000 + b"';</script></body></html>")
+    assert _shell(padded)
 
 
 def test_a_short_page_without_any_script_is_not_a_shell():

@@ -35,7 +35,13 @@ from common.core.errors import ConfigError, FetchError
 from common.web import browser_page as in_page
 from common.web.browser_guard import GuardProxy, refusal
 from common.web.browser_page import RenderResult
-from common.web.browser_procs import chromium_pids, group_of, memory_bytes
+from common.web.browser_procs import (
+    chromium_pids,
+    descendants,
+    group_of,
+    memory_bytes,
+    pss_estimate,
+)
 from common.web.identity import CookieJar, Identity
 from common.web.netguard import AddressGuard
 
@@ -190,11 +196,12 @@ class Browser:
         return memory_bytes(chromium_pids(self.groups)) if self._pids else 0
 
     def _recycle_if_big(self) -> None:
-        """After a page: replace the browser when its PSS is above ``max_browser_mb``."""
+        """After a page: replace the browser when its memory is above ``max_browser_mb``
+        (estimated from statm: its PSS takes 10-100 times longer to read, browser_procs)."""
         if not self.max_browser_mb or self._browser is None:
             return
         started = time.perf_counter()
-        held = self.memory_bytes()
+        held = pss_estimate(descendants(self._pids))
         self.memory_checks_us = [*self.memory_checks_us[-99:],
                                  (time.perf_counter() - started) * 1e6]
         if held > self.max_browser_mb * 2**20:
@@ -249,10 +256,11 @@ class Browser:
         self._proxy.begin_page(identity.proxy if identity is not None else None, self.max_bytes)
         context = self._browser.new_context(service_workers="block")
         try:
-            context.route("**/*", lambda route, request: self._check(route, request, log, jar))
+            context.route("**/*", lambda route, request: self._check(route, request, log,
+                                                                      jar, context))
             context.route_web_socket("**", lambda ws: self._check_socket(ws, log))
             if jar is not None:
-                context.on("response", lambda answer: in_page.keep_cookies(jar, context, answer))
+                context.on("response", lambda answer: in_page.keep_cookies(jar, answer))
             page = context.new_page()
             page.set_default_timeout(deadline_ms)
             response = page.goto(url, wait_until="load", timeout=deadline_ms)
@@ -297,18 +305,16 @@ class Browser:
                              f"({self.max_bytes} bytes)", kind="too_large")
 
     def _check(self, route: Route, request: Request, log: list[tuple[str, str, str]],
-               jar: CookieJar | None) -> None:
+               jar: CookieJar | None, context: Any) -> None:
         why = refusal(request.url, request.resource_type, self.guard, self.block_types)
         if why is None and self._proxy.over_cap:
             why = "the page is past RENDER_MAX_BYTES"
         log.append((request.url, request.resource_type,
                     "allowed" if why is None else f"refused: {why}"))
         if why is None:
-            headers = in_page.cookie_headers(jar, request.url, request.headers)
-            if headers is None:
-                route.continue_()
-            else:
-                route.continue_(headers=headers)
+            if jar is not None:
+                in_page.load_cookies(jar, context, request.url)
+            route.continue_()
         else:
             route.abort("blockedbyclient")
 

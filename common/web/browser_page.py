@@ -1,12 +1,14 @@
 """What a render does inside its page (common/web/browser.py): scrolling an endless listing,
 the page's cookies kept in its own jar, the main document's headers, and a failure named.
 
-Cookies: Chromium's cookie store is not the page's. Each request the page makes gets its
-Cookie header from ``Identity.cookies`` (set in the request interception), and each response's
-Set-Cookie lines go to that jar; the browser context is fresh per page and its own store is
-emptied after each response that set a cookie, so nothing is sent that the jar did not give.
-Playwright's interception does not see a redirect's later hops: they carry no cookie of the
-jar (their Set-Cookie lines are still kept).
+Cookies: the page's cookies are its ``Identity.cookies`` jar, not Chromium's store. Chromium
+overrides any Cookie header the interception sets, so before each request the interception
+empties the context's store and loads it with the jar's cookies for that URL
+(``jar.header_for``; host-only, SameSite left to Chromium's default, Lax); each response's
+Set-Cookie lines go to the jar. The context is fresh per page: a cookie a script set, or one
+from a response the jar refused, is gone at the next request. Limits: a redirect's later hops
+(not intercepted) send what the store holds (the first hop's cookies and its Set-Cookie ones);
+two requests of one page in flight at once may see each other's load.
 """
 
 from __future__ import annotations
@@ -56,9 +58,10 @@ class RenderResult:
 
     @property
     def refused(self) -> list[tuple[str, str]]:
-        """(url, reason) of each request the page was refused."""
+        """(url, reason) of each request the page was refused (Chromium's own calls not)."""
         return [(url, verdict.removeprefix("refused: ")) for url, _, verdict in self.requests
-                if verdict != "allowed"]
+                if verdict != "allowed"
+                and url.rpartition(":")[0].lower() not in CHROMIUM_SERVICE_HOSTS]
 
 
 #: After a scroll, how long the document may stay as it was before the listing is taken as
@@ -92,23 +95,27 @@ def scroll_down(page: Any, times: int, deadline: float, timeout_error: type[Exce
     return grown
 
 
-def keep_cookies(jar: CookieJar, context: Any, response: Response) -> None:
-    """Give the jar what ``response`` set, and empty Chromium's own store after it."""
+def keep_cookies(jar: CookieJar, response: Response) -> None:
+    """Give the jar what ``response`` set (its Set-Cookie lines)."""
     values = [h["value"] for h in response.headers_array() if h["name"].lower() == "set-cookie"]
     if values:
         jar.receive(response.url, values)
-        context.clear_cookies()
 
 
-def cookie_headers(jar: CookieJar | None, url: str, headers: dict[str, str]) -> dict[str, str] | None:
-    """The request's headers with the jar's Cookie line (None: leave them as they are)."""
-    if jar is None or not url.lower().startswith(("http:", "https:")):
-        return None
-    cookie = jar.header_for(url)
-    kept = {k: v for k, v in headers.items() if k.lower() != "cookie"}
-    if cookie:
-        return {**kept, "cookie": cookie}
-    return kept if len(kept) != len(headers) else None
+def load_cookies(jar: CookieJar, context: Any, url: str) -> None:
+    """Before a request to ``url``: Chromium's store holds the jar's cookies for it and no
+    other. (Playwright cannot set a request's Cookie header: Chromium's store overrides it.)"""
+    context.clear_cookies()
+    header = jar.header_for(url) if url.lower().startswith(("http:", "https:")) else None
+    if not header:
+        return
+    cookies = []
+    for pair in header.split(";"):
+        name, sep, value = pair.strip().partition("=")
+        if sep and name:
+            cookies.append({"name": name, "value": value, "url": url})
+    if cookies:
+        context.add_cookies(cookies)
 
 
 def response_headers(response: Response | None) -> dict[str, str]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.core.errors import FetchError
+from common.core.redact import redact_url
 from common.core.urls import domain_of
 from common.web import multi
 from common.web.browser import Browser
@@ -45,6 +46,8 @@ MARGIN_S = 10.0
 #: How long close() waits for a browser thread before it kills that thread's Chromium.
 _CLOSE_WAIT_S = 10.0
 _CONTENT_TYPE = "text/html; charset=utf-8"
+#: A refused request's URL in the render's log line is cut to this.
+_LOG_URL_CHARS = 200
 
 
 @dataclass
@@ -54,7 +57,7 @@ class _Job:
     url: str
     wait_for: str | None
     scroll: int = 0
-    identity: Identity | None = None  # the page's cookies (its proxy: not in a browser yet)
+    identity: Identity | None = None  # the page's cookies and proxy
     wake_fd: int | None = None  # the pipe's write end, for a caller in a loop's task
     result: FetchResult | None = None
     error: FetchError | None = None
@@ -126,13 +129,21 @@ class _Slot:
                                    f"{exc})", kind="connection", sent_at=sent_at)
             self._drop_browser()
             return
+        refused = rendered.refused
+        if refused:
+            logger.info("render %s: %d request(s) refused: %s", job.url[:_LOG_URL_CHARS],
+                        len(refused), "; ".join(f"{url[:_LOG_URL_CHARS]} ({why})"
+                                                for url, why in refused))
         body = rendered.html.encode("utf-8")
         cap = self.renderer.max_body_bytes
+        proxy = job.identity.proxy if job.identity is not None else None
         job.result = FetchResult(
             url=job.url, final_url=rendered.final_url, status=rendered.status,
             content_type=_CONTENT_TYPE, body=body[:cap] if cap else body,
             elapsed_ms=rendered.elapsed_ms, truncated=bool(cap) and len(body) > cap,
-            sent_at=sent_at, http_version=None, remote_ip=None, rendered=True,
+            headers=rendered.headers, sent_at=sent_at, http_version=None, remote_ip=None,
+            proxy=redact_url(proxy) if proxy else None, rendered=True,
+            cookies_sent=job.identity is not None and job.identity.cookies is not None,
             subrequests=subrequests(job.url, rendered.requests))
 
     def _drop_browser(self) -> None:

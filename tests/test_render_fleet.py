@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
 import textwrap
+import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +54,6 @@ from tests.helpers import (
     results,
     start_worker_process,
     wait_for,
-    wait_workers_ok,
 )
 
 pytestmark = pytest.mark.slow
@@ -101,15 +104,45 @@ def _failures(client: redis.Redis) -> list[dict]:
     return [json.loads(f[b"json"]) for _id, f in client.xrange("failures")]
 
 
-def _http(settings, env: dict[str, str], worker_id: str = "http", idle_s: int = 4):
-    return start_worker_process(settings, "--idle-exit", str(idle_s),
+def _http(settings, env: dict[str, str], worker_id: str = "http"):
+    return start_worker_process(settings, env={**env, "WORKER_ID": worker_id})
+
+
+def _render(settings, env: dict[str, str], worker_id: str = "render", *args: str):
+    return start_worker_process(settings, "--render", *args,
                                 env={**env, "WORKER_ID": worker_id})
 
 
-def _render(settings, env: dict[str, str], worker_id: str = "render", idle_s: int = 6,
-            *args: str):
-    return start_worker_process(settings, "--render", "--idle-exit", str(idle_s), *args,
-                                env={**env, "WORKER_ID": worker_id})
+@contextmanager
+def _fleet(*procs: subprocess.Popen) -> Iterator[list[subprocess.Popen]]:
+    """Worker processes, killed on the way out if the test left any running."""
+    try:
+        yield list(procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def _finish(client: redis.Redis, procs: list[subprocess.Popen], urls: set[str],
+            timeout_s: float = 120) -> None:
+    """Wait until each of ``urls`` has an outcome (a result or a failure), then stop the
+    workers (SIGTERM: they finish what they hold) and check each exited 0. Waiting for the
+    outcomes, not for an idle exit: an HTTP worker idle while a page renders is still needed
+    for the links the rendered page gives."""
+    def outcomes() -> set[str]:
+        return {r["url"] for r in results(client)} | {f["url"] for f in _failures(client)}
+
+    done = wait_for(lambda: urls <= outcomes(), timeout_s, step_s=0.2)
+    time.sleep(0.5)  # a duplicate or an unexpected page would show up meanwhile
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        assert proc.wait(60) == 0, output_of(proc)[-3000:]
+    missing = sorted(urls - outcomes())
+    assert done and not missing, (missing, [output_of(p)[-2000:] for p in procs])
 
 
 def _consumers(settings, queue: str, count: int) -> bool:
@@ -169,8 +202,8 @@ def js_crawl(services, tmp_path_factory) -> Iterator[JsCrawl]:
         install_js_pages(site)
         paths = [*PRODUCTS, "/js/listing", "/js/scroll", "/js/redirect", "/js/leaky", *PLAIN]
         _seed(settings, client, [site.url(p) for p in paths])
-        procs = [_http(settings, env), _render(settings, env)]
-        wait_workers_ok(procs, 180)
+        with _fleet(_http(settings, env), _render(settings, env)) as procs:
+            _finish(client, procs, {site.url(p) for p in paths})
         with own_channel(settings) as channel:
             dead = drain(channel, topology.FAILED_QUEUE)
         yield JsCrawl(site, _one_each(client), _failures(client), output_of(procs[0]),
@@ -257,33 +290,39 @@ def test_the_warc_response_of_a_rendered_page_holds_the_rendered_dom(js_crawl):
 
 def test_with_render_auto_a_shell_marks_its_domain_and_later_pages_go_straight_to_a_browser(
         settings, redis_client, own_sites, tmp_path):
+    """The hub, a shell, is read plainly once and rendered; the links its script wrote are
+    crawled, and the pages seeded once its domain was marked are rendered without a plain
+    fetch."""
     [site] = start_sites(1, first_host="127.0.0.2")
     own_sites.append(site)
-    install_js_pages(site)
+    install_js_pages(site, products=6)
+    site.route("/js/hub", lambda _r: _html(
+        "<html><body><div id=app></div><script>document.getElementById('app').innerHTML ="
+        " '<a href=/js/product/4>4</a> <a href=/js/product/5>5</a>';</script></body></html>"))
+    seeded, crawled = PRODUCTS[1:], ["/js/product/4", "/js/product/5"]
     env = {"EXTRACT_RULES": _rules(tmp_path, [{"path": "^/js/", "fields": FIELDS}]),
-           "ROBOTS_ENABLED": "false", "RENDER": "auto"}
-    procs = [_http(settings, env, idle_s=5), _render(settings, env, idle_s=7)]
-    try:
-        _seed(settings, redis_client, [site.url(PRODUCTS[0])])
+           "ROBOTS_ENABLED": "false", "RENDER": "auto", "CRAWL_ENABLED": "true",
+           "CRAWL_MAX_DEPTH": "1"}
+    with _fleet(_http(settings, env), _render(settings, env)) as procs:
+        _seed(settings, redis_client, [site.url("/js/hub")])
         assert wait_for(lambda: redis_client.hlen(RENDER_DOMAINS) == 1, 60), \
             output_of(procs[0])[-3000:]
-        _seed(settings, redis_client, [site.url(p) for p in PRODUCTS[1:]])
-        wait_workers_ok(procs, 180)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+        _seed(settings, redis_client, [site.url(p) for p in seeded])
+        _finish(redis_client, procs, {site.url(p) for p in ["/js/hub", *seeded, *crawled]})
 
     assert list(redis_client.hkeys(RENDER_DOMAINS)) == [b"default|127.0.0.2"]
     found = _one_each(redis_client)
-    for n, path in enumerate(PRODUCTS):
+    assert set(found) == {site.url(p) for p in ["/js/hub", *seeded, *crawled]}
+    assert (found[site.url("/js/hub")]["worker"], found[site.url("/js/hub")].get("rendered")) \
+        == ("render", True)
+    for path in [*seeded, *crawled]:
         record = found[site.url(path)]
         assert (record["worker"], record.get("rendered")) == ("render", True), record
+        n = int(path.rsplit("/", 1)[1])
         assert record["data"] == {"name": f"product {n}", "price": n + 0.5}
-    first = site.requests_for(PRODUCTS[0])
-    assert [_by_browser(r) for r in first] == [False, True]  # read plainly, then rendered
-    for path in PRODUCTS[1:]:
+    hub = site.requests_for("/js/hub")
+    assert [_by_browser(r) for r in hub] == [False, True]  # read plainly, then rendered
+    for path in [*seeded, *crawled]:
         later = site.requests_for(path)
         assert [_by_browser(r) for r in later] == [True], path  # no plain fetch any more
 
@@ -303,9 +342,10 @@ def test_a_when_missing_rule_renders_only_the_pages_lacking_its_selector(
     env = {"EXTRACT_RULES": _rules(tmp_path, [
         {"path": "^/shop/", "render": {"when_missing": ".product"},
          "fields": {"product": ".product"}}]), "ROBOTS_ENABLED": "false"}
-    _seed(settings, redis_client, [s.url(p) for p in pages for s in (with_product, without)])
-    procs = [_http(settings, env), _render(settings, env)]
-    wait_workers_ok(procs, 180)
+    urls = [s.url(p) for p in pages for s in (with_product, without)]
+    _seed(settings, redis_client, urls)
+    with _fleet(_http(settings, env), _render(settings, env)) as procs:
+        _finish(redis_client, procs, set(urls))
 
     found = _one_each(redis_client)
     assert len(found) == 2 * len(pages)
@@ -349,8 +389,9 @@ def test_a_handler_following_with_render_true_gets_its_page_rendered(
     env = {"HANDLERS": "render_handlers:router", "PYTHONPATH": str(tmp_path),
            "ROBOTS_ENABLED": "false"}
     _seed(settings, redis_client, [site.url("/plain/0")])
-    procs = [_http(settings, env), _render(settings, env)]
-    wait_workers_ok(procs, 180)
+    with _fleet(_http(settings, env), _render(settings, env)) as procs:
+        _finish(redis_client, procs, {site.url(p) for p in
+                                      ("/plain/0", "/js/product/1", "/js/product/2")})
 
     found = _one_each(redis_client)
     assert found[site.url("/plain/0")]["items"] == [{"start": "plain 0"}]
@@ -387,9 +428,9 @@ def test_sub_requests_of_rendered_pages_count_against_the_sites_rate_limit(
          "fields": {"name": ".name", "count": {"css": ".count", "type": "int"}}}]),
         "ROBOTS_ENABLED": "false", "RATE_LIMIT": f"{RATE}/second", "RENDER_THREADS": "2"}
     _seed(settings, redis_client, [site.url(p) for p in pages])
-    procs = [_http(settings, env), _render(settings, env, "render", 6, "--concurrency",
-                                           str(IN_FLIGHT))]
-    wait_workers_ok(procs, 180)
+    with _fleet(_http(settings, env), _render(settings, env, "render", "--concurrency",
+                                              str(IN_FLIGHT))) as procs:
+        _finish(redis_client, procs, {site.url(p) for p in pages})
 
     found = _one_each(redis_client)
     assert [found[site.url(p)]["data"] for p in pages] == [
@@ -427,19 +468,13 @@ def test_a_cookie_wall_is_passed_by_render_workers_sharing_the_session(
     env = {"EXTRACT_RULES": _rules(tmp_path, [
         {"path": "^/wall/[1-9]", "render": True, "fields": FIELDS},
         {"path": "^/wall/0$", "fields": FIELDS}]), "ROBOTS_ENABLED": "false"}
-    procs = [_http(settings, env, idle_s=6), _render(settings, env, "render-0", 6),
-             _render(settings, env, "render-1", 6)]
-    try:
+    with _fleet(_http(settings, env), _render(settings, env, "render-0"),
+                _render(settings, env, "render-1")) as procs:
         _seed(settings, redis_client, [site.url("/wall/0")])
         assert wait_for(lambda: len(results(redis_client)) == 1, 60)
         assert _consumers(settings, topology.RENDER_QUEUE, 2)
         _seed(settings, redis_client, [site.url(p) for p in walled])
-        wait_workers_ok(procs, 180)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+        _finish(redis_client, procs, {site.url(p) for p in ["/wall/0", *walled]})
 
     found = _one_each(redis_client)
     for n, path in enumerate(walled, start=1):

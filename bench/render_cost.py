@@ -260,9 +260,15 @@ class Sampler:
         self._thread.join()
 
 
+#: Set in every measured process's environment, which Chromium's processes inherit: Chromium's
+#: crash handlers leave the tree at once (double fork, own session), so only this finds them.
+TAG_ENV = "BENCH_RENDER_TAG"
+
+
 def start(cmd: Sequence[str], name: str, env: Mapping[str, str], log_path: Path) -> TreeWatch:
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(list(cmd), cwd=REPO_ROOT, env=dict(env),
+        proc = subprocess.Popen(list(cmd), cwd=REPO_ROOT,
+                                env=dict(env, **{TAG_ENV: f"{os.getpid()}-{name}"}),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     return TreeWatch(proc, name)
 
@@ -285,14 +291,25 @@ def reap(watches: Sequence[TreeWatch], timeout_s: float) -> None:
             time.sleep(0.2)
 
 
+def has_tag(pid: int, tags: set[bytes]) -> bool:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(entry in tags for entry in environ)
+
+
 def leftover_chromium(watches: Sequence[TreeWatch]) -> list[str]:
-    """Chromium processes of these trees still alive: by (pid, start) seen, or in a group
-    a Chromium of theirs led ("pid comm parent=ppid" each)."""
+    """Chromium processes of these trees still alive ("pid comm parent=ppid" each): by
+    (pid, start) seen, in a group a Chromium of theirs led, or with their :data:`TAG_ENV`
+    (crash handlers included)."""
     procs = read_procs()
     seen = set().union(*(w.chromium for w in watches))
     groups = set().union(*(w.chromium_groups for w in watches))
+    tags = {f"{TAG_ENV}={os.getpid()}-{w.name}".encode() for w in watches}
     return [f"{p.pid} {p.comm} parent={p.ppid}" for p in procs.values()
-            if (p.pid, p.start) in seen or (p.pgid in groups and "chrom" in p.comm.lower())]
+            if "chrom" in p.comm.lower() and ((p.pid, p.start) in seen or p.pgid in groups
+                                              or has_tag(p.pid, tags))]
 
 
 def leftover_figures(watches: Sequence[TreeWatch], grace_s: float = 10.0) -> dict[str, Any]:

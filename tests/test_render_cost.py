@@ -17,6 +17,7 @@ from bench.render_cost import (
     TreeWatch,
     check_records,
     expected_fields,
+    has_tag,
     page_data,
     quarter_medians,
     read_procs,
@@ -90,3 +91,15 @@ def test_check_records_counts_urls_with_several_results_and_wrong_fields(tmp_pat
     found = check_records([*good, bad], urls, farm)
     assert (found["urls_with_result"], found["urls_with_several"]) == (3, 1)
     assert (found["rendered"], found["wrong_fields"]) == (3, 1)
+
+
+def test_a_process_is_found_by_the_tag_its_environment_inherited():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env={"BENCH_RENDER_TAG": "1-render-0"})
+    try:
+        assert wait_for(lambda: has_tag(child.pid, {b"BENCH_RENDER_TAG=1-render-0"}), 10)
+        assert not has_tag(child.pid, {b"BENCH_RENDER_TAG=1-render-1"})
+    finally:
+        child.kill()
+        child.wait(10)
+    assert not has_tag(child.pid, {b"BENCH_RENDER_TAG=1-render-0"})  # gone

@@ -29,6 +29,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from common.core.errors import ConfigError, FetchError
@@ -263,13 +264,17 @@ class Browser:
                 context.on("response", lambda answer: in_page.keep_cookies(jar, answer))
             page = context.new_page()
             page.set_default_timeout(deadline_ms)
-            response = page.goto(url, wait_until="load", timeout=deadline_ms)
+            response = page.goto(url, wait_until="commit", timeout=deadline_ms)
+            # In slices, so a page past RENDER_MAX_BYTES stops at once, not at the deadline.
+            end, over = started + self.timeout_s, self._cap_check(url)
+            in_page.sliced(lambda ms: page.wait_for_load_state("load", timeout=ms), end, over,
+                           PlaywrightTimeout)
             if wait_for is not None:
-                left_ms = deadline_ms - (time.monotonic() - started) * 1000
-                page.wait_for_selector(wait_for, timeout=max(left_ms, 1), state="attached")
-            scrolls = in_page.scroll_down(page, scroll, started + self.timeout_s,
-                                  PlaywrightTimeout) if scroll > 0 else 0
-            self._raise_if_over_cap(url)
+                in_page.sliced(lambda ms: page.wait_for_selector(wait_for, timeout=ms,
+                                                                 state="attached"),
+                               end, over, PlaywrightTimeout)
+            scrolls = in_page.scroll_down(page, scroll, end, PlaywrightTimeout) if scroll else 0
+            over()
             nodes = int(page.evaluate(_DOM_NODES_JS))
             if nodes > self.max_dom_nodes:
                 raise FetchError(f"{url}: {nodes} DOM nodes, more than RENDER_MAX_DOM_NODES "
@@ -303,6 +308,9 @@ class Browser:
         if self._proxy.over_cap:
             raise FetchError(f"{url}: the page received more than RENDER_MAX_BYTES "
                              f"({self.max_bytes} bytes)", kind="too_large")
+
+    def _cap_check(self, url: str) -> Callable[[], None]:
+        return lambda: self._raise_if_over_cap(url)
 
     def _check(self, route: Route, request: Request, log: list[tuple[str, str, str]],
                jar: CookieJar | None, context: Any) -> None:

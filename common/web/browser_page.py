@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,26 @@ _SIZE_JS = ("() => [document.documentElement.scrollHeight,"
 _SCROLL_JS = "() => window.scrollTo(0, document.documentElement.scrollHeight)"
 _GREW_JS = ("([height, nodes]) => document.documentElement.scrollHeight > height"
             " || document.getElementsByTagName('*').length > nodes")
+
+
+#: The longest a wait runs before the page's byte cap is looked at again.
+SLICE_MS = 200
+
+
+def sliced(wait: Callable[[float], object], deadline: float, check: Callable[[], None],
+           timeout_error: type[Exception]) -> None:
+    """``wait(timeout_ms)`` in slices of :data:`SLICE_MS` until it returns, ``check()``
+    (which raises to stop) between two; the slice that reaches ``deadline`` raises
+    ``timeout_error``."""
+    while True:
+        check()
+        left_ms = (deadline - time.monotonic()) * 1000
+        try:
+            wait(max(min(SLICE_MS, left_ms), 1))
+            return
+        except timeout_error:
+            if left_ms <= SLICE_MS:
+                raise
 
 
 def scroll_down(page: Any, times: int, deadline: float, timeout_error: type[Exception]) -> int:

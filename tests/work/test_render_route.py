@@ -23,6 +23,7 @@ from common.core.render_options import (
     parse_render,
 )
 from common.store.keys import RENDER_DOMAINS
+from common.web.renderer import Renderer
 from common.work import render_route
 from common.work.job_book import JobBook
 from common.work.outcome import Outcome
@@ -271,5 +272,27 @@ def test_a_message_with_a_hostile_render_field_is_dead_lettered_as_a_bad_message
     assert outcome.kind == "dead_letter", outcome
     [publish] = outcome.publishes
     assert (publish.headers or {}).get("reason") == "bad_message"
-    assert "render:" in (outcome.detail or "") + json.dumps(publish.headers or {}) + \
-        publish.body.decode(errors="replace")
+    assert publish.headers["last_error"].startswith("render: "), publish.headers
+
+
+def _no_browser() -> Any:
+    raise AssertionError("a hostile render field must be refused before any browser starts")
+
+
+@pytest.mark.parametrize("render", [{"scroll": -5}, {"wait_for": "x" * 100_000}, [1, 2]])
+def test_a_hostile_render_field_reaching_a_render_worker_is_dead_lettered_unrendered(
+        settings, redis_client, render):
+    configured = settings.with_overrides(robots_enabled=False)
+    renderer = Renderer(configured, 1, browser_factory=_no_browser)
+    made = Processor(configured, redis_client, renderer=renderer)
+    try:
+        body = WorkMessage(url=f"{SITE}/page", extra={"render": render}).to_json()
+        outcome = made.process(body, topology.RENDER_QUEUE)
+    finally:
+        made.close()
+        renderer.close()
+    assert outcome.kind == "dead_letter", outcome
+    [publish] = outcome.publishes
+    assert (publish.headers or {}).get("reason") == "bad_message"
+    error = publish.headers["last_error"]
+    assert error.startswith("render: ") and len(error) < 400, error  # not the 100 kB value

@@ -296,7 +296,7 @@ class Browser:
         except PlaywrightError as exc:
             self._raise_if_over_cap(url)
             raise in_page.failure(url, exc, self._proxy.refused_since(refused_before),
-                          list(self._proxy.proxy_errors)) from None
+                                  list(self._proxy.proxy_errors)) from None
         finally:
             try:
                 context.close()

@@ -49,9 +49,10 @@ RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requireme
 # The render workers (`python worker.py --render`, docs/deployment.md "Render workers"):
 # Debian's chromium (no browser download is possible, nor wanted: the distribution patches it)
 # and Playwright from requirements-render.lock. `playwright install` is never run: the driver
-# launches BROWSER_EXECUTABLE. Fonts: Liberation (metric-compatible with Arial, Times and
-# Courier) and DejaVu, enough for layout; text in any script reaches the DOM, which is what the
-# fleet reads, without its fonts. Playwright launches Chromium with --no-sandbox (its default,
+# launches BROWSER_EXECUTABLE. libatomic1: the Node binary in Playwright's wheel links it
+# (without it the driver exits at start: "Connection closed while reading from the driver").
+# Fonts: Liberation (metric-compatible with Arial, Times and Courier) and DejaVu, enough for
+# layout; text in any script reaches the DOM, which is what the fleet reads, without its fonts. Playwright launches Chromium with --no-sandbox (its default,
 # and Debian's chromium has no setuid sandbox helper); the container is the confinement: uid
 # 10001, no capabilities, no new privileges, a read-only root.
 # Not pinned to a version: Debian's security archive keeps only the newest chromium build, so a
@@ -61,6 +62,7 @@ USER 0
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends chromium fonts-liberation fonts-dejavu-core \
+       libatomic1 \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 COPY requirements-render.lock .
 RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements.lock \

@@ -300,6 +300,8 @@ def test_the_plain_image_is_the_default_target_and_only_the_render_image_has_a_b
     renderer = "\n".join(stages["renderer"])
     assert stages["renderer"][0] == "FROM runtime AS renderer"
     assert re.search(r"apt-get install -y --no-install-recommends chromium\b", renderer)
+    # The Node binary in Playwright's wheel links libatomic (a compose-e2e run found it missing).
+    assert "libatomic1" in renderer
     assert "-r requirements-render.lock" in renderer
     assert "ENV BROWSER_EXECUTABLE=/usr/bin/chromium" in renderer
     assert "playwright install" not in renderer, "no browser download: Debian's chromium"

@@ -40,7 +40,7 @@ def _process_table() -> dict[int, tuple[int, str, str]]:
     return table
 
 
-def _descendants(pid: int) -> dict[int, tuple[str, str]]:
+def process_tree(pid: int) -> dict[int, tuple[str, str]]:
     """Every live process below ``pid``: pid -> (name, start time)."""
     table = _process_table()
     found = {pid}
@@ -53,7 +53,7 @@ def _descendants(pid: int) -> dict[int, tuple[str, str]]:
     return {p: (table[p][1], table[p][2]) for p in found if p in table}
 
 
-def _alive(processes: dict[int, tuple[str, str]]) -> dict[int, tuple[str, str]]:
+def still_running(processes: dict[int, tuple[str, str]]) -> dict[int, tuple[str, str]]:
     """Those of ``processes`` still running (the same process: pid and start time)."""
     table = _process_table()
     return {p: v for p, v in processes.items()
@@ -79,14 +79,14 @@ def test_a_render_worker_killed_mid_page_loses_nothing_and_leaves_no_chromium(
     try:
         # The page is rendering: its document was served and its script is being awaited.
         assert wait_for(lambda: site.count("/js/slow.js") >= 1, 90), output_of(doomed)[-3000:]
-        below = _descendants(doomed.pid)
+        below = process_tree(doomed.pid)
         assert any("chrom" in name for name, _start in below.values()), below
         # Killed mid-page: the script is still being served (it takes SLOW_S).
         assert not any(r.path == "/js/slow.js" for r, _at in site.answered)
         doomed.send_signal(signal.SIGKILL)
         doomed.wait(10)
         # Its Chromium exits when the driver sees its stdin close (no reaper of ours here).
-        assert wait_for(lambda: not _alive(below), 15, step_s=0.2), _alive(below)
+        assert wait_for(lambda: not still_running(below), 15, step_s=0.2), still_running(below)
         assert site.count("/js/slow.js") == 1
         heir = start_worker_process(settings, "--render", "--idle-exit", "6",
                                     env={**env, "WORKER_ID": "heir"})

@@ -55,6 +55,7 @@ from tests.helpers import (
     start_worker_process,
     wait_for,
 )
+from tests.test_render_faults import process_tree, still_running
 
 pytestmark = pytest.mark.slow
 
@@ -136,11 +137,14 @@ def _finish(client: redis.Redis, procs: list[subprocess.Popen], urls: set[str],
 
     done = wait_for(lambda: urls <= outcomes(), timeout_s, step_s=0.2)
     time.sleep(0.5)  # a duplicate or an unexpected page would show up meanwhile
+    below = {pid: started for proc in procs for pid, started in process_tree(proc.pid).items()}
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
     for proc in procs:
         assert proc.wait(60) == 0, output_of(proc)[-3000:]
+    # No Chromium (nor driver) outlives its worker: orphans would have left our tree.
+    assert wait_for(lambda: not still_running(below), 15, step_s=0.2), still_running(below)
     missing = sorted(urls - outcomes())
     assert done and not missing, (missing, [output_of(p)[-2000:] for p in procs])
 

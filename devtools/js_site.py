@@ -16,6 +16,8 @@
                     (a render in progress for that long: the kill tests)
     /js/heavy/N     a shell loading two same-site sub-requests (/js/app.js, then an XHR to
                     /api/items): three requests to the site per rendered page
+    /js/burst/N     a shell loading BURST_PARTS same-site scripts (/js/part/K.js), the last
+                    writing span.count: 1 + BURST_PARTS requests per rendered page
     /plain/N        plain HTML with a lot of text (h1.name, span.price): no browser needed
 
 Product pages and plain pages carry the same selectors, so one rule reads both.
@@ -35,6 +37,8 @@ LEAKY_IMAGE = "http://169.254.169.254/latest/meta-data/pixel.png"
 #: Items of /api/items, and of each infinite-scroll batch.
 ITEMS = ("alpha", "beta", "gamma", "delta", "epsilon")
 BATCH = 10
+#: Scripts each /js/burst/N page loads.
+BURST_PARTS = 6
 #: How long /js/slow.js makes a render wait.
 SLOW_S = 3.0
 HTML = {"Content-Type": "text/html; charset=utf-8"}
@@ -95,6 +99,19 @@ _HEAVY_JS = (
     " x.open('GET', '/api/items'); x.send();")
 
 
+_BURST = "<div id=app></div>" + "".join(
+    f"<script src='/js/part/{k}.js'></script>" for k in range(BURST_PARTS))
+
+
+def _part(k: int) -> str:
+    """Script K of a burst page: counts itself; the last writes the page."""
+    script = "window.parts = (window.parts || 0) + 1;"
+    if k == BURST_PARTS - 1:
+        script += (" document.getElementById('app').innerHTML = '<h1 class=name>burst</h1>"
+                   "<span class=count>' + window.parts + '</span>';")
+    return script
+
+
 def install_js_pages(site: TestSite, *, products: int = 10, plain: int = 10) -> None:
     """Serve the pages listed in this module's docstring on ``site``."""
     json_headers = {"Content-Type": "application/json"}
@@ -103,6 +120,10 @@ def install_js_pages(site: TestSite, *, products: int = 10, plain: int = 10) -> 
         site.route(f"/js/product/{n}", lambda _r, n=n: html(product_shell(n), f"product {n}"))
         site.route(f"/js/heavy/{n}", lambda _r: html(
             "<div id=app></div><script src='/js/app.js'></script>", "heavy"))
+        site.route(f"/js/burst/{n}", lambda _r: html(_BURST, "burst"))
+    for k in range(BURST_PARTS):
+        site.route(f"/js/part/{k}.js", lambda _r, k=k: (
+            200, {"Content-Type": "text/javascript"}, _part(k).encode()))
     for n in range(plain):
         site.route(f"/plain/{n}", lambda _r, n=n: html(plain_page(n), f"plain {n}"))
     site.route("/js/app.js", lambda _r: (200, {"Content-Type": "text/javascript"},

@@ -14,8 +14,6 @@
                     guard must refuse them all before any connection: nothing may go there.
     /js/slow        a shell whose script /js/slow.js is answered after SLOW_S seconds
                     (a render in progress for that long: the kill tests)
-    /js/heavy/N     a shell loading two same-site sub-requests (/js/app.js, then an XHR to
-                    /api/items): three requests to the site per rendered page
     /js/burst/N     a shell loading BURST_PARTS same-site scripts (/js/part/K.js), the last
                     writing span.count: 1 + BURST_PARTS requests per rendered page
     /plain/N        plain HTML with a lot of text (h1.name, span.price): no browser needed
@@ -92,13 +90,6 @@ _LEAKY = (
     " document.getElementById('out').appendChild(p); } };"
     " x.open('GET', t); x.send(); });</script>")
 
-_HEAVY_JS = (
-    "var x = new XMLHttpRequest(); x.onload = function () {"
-    " document.getElementById('app').innerHTML = '<h1 class=name>heavy</h1><span class=count>'"
-    " + JSON.parse(x.responseText).length + '</span>'; };"
-    " x.open('GET', '/api/items'); x.send();")
-
-
 _BURST = "<div id=app></div>" + "".join(
     f"<script src='/js/part/{k}.js'></script>" for k in range(BURST_PARTS))
 
@@ -118,16 +109,12 @@ def install_js_pages(site: TestSite, *, products: int = 10, plain: int = 10) -> 
     site.route("/api/items", lambda _r: (200, json_headers, json.dumps(list(ITEMS)).encode()))
     for n in range(products):
         site.route(f"/js/product/{n}", lambda _r, n=n: html(product_shell(n), f"product {n}"))
-        site.route(f"/js/heavy/{n}", lambda _r: html(
-            "<div id=app></div><script src='/js/app.js'></script>", "heavy"))
         site.route(f"/js/burst/{n}", lambda _r: html(_BURST, "burst"))
     for k in range(BURST_PARTS):
         site.route(f"/js/part/{k}.js", lambda _r, k=k: (
             200, {"Content-Type": "text/javascript"}, _part(k).encode()))
     for n in range(plain):
         site.route(f"/plain/{n}", lambda _r, n=n: html(plain_page(n), f"plain {n}"))
-    site.route("/js/app.js", lambda _r: (200, {"Content-Type": "text/javascript"},
-                                         _HEAVY_JS.encode()))
     site.route("/js/listing", lambda _r: html(_LISTING, "listing"))
     site.route("/js/scroll", lambda _r: html(_SCROLL, "scroll"))
     site.route("/js/redirect", lambda _r: html(

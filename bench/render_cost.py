@@ -430,20 +430,23 @@ def run_fleet(services: Any, server: NginxFarm, farm: Farm, urls: Sequence[str],
 
 
 def run_peer(server: NginxFarm, farm: Farm, urls: Sequence[str], work: Path,
-             args: argparse.Namespace) -> dict[str, Any]:
-    """The Crawlee peer: one process per render worker, each its share of the URLs."""
+             args: argparse.Namespace, incognito: bool = False) -> dict[str, Any]:
+    """The Crawlee peer: one process per render worker, each its share of the URLs;
+    ``incognito``: a fresh context per page, as the fleet."""
+    tag = "-incognito" if incognito else ""
     offset, busy_before, started = server.log_offset(), machine_busy_s(), time.monotonic()
     watches = []
     for i in range(args.workers):
-        share = work / f"peer-urls-{i}.txt"
+        share = work / f"peer{tag}-urls-{i}.txt"
         share.write_text("\n".join(urls[i::args.workers]) + "\n")
-        storage = work / f"crawlee-storage-{i}"
+        storage = work / f"crawlee{tag}-storage-{i}"
         env = dict(os.environ, CRAWLEE_STORAGE_DIR=str(storage), PYTHONUNBUFFERED="1",
                    PYTHONPATH=str(REPO_ROOT))
         watches.append(start([args.bench_python, "-m", PEER_SCRIPT, "--urls", str(share),
-                              "--out", str(work / f"peer-records-{i}.jsonl"),
-                              "--concurrency", str(2 * args.threads)],
-                             f"crawlee-{i}", env, work / f"peer-{i}.log"))
+                              "--out", str(work / f"peer{tag}-records-{i}.jsonl"),
+                              "--concurrency", str(2 * args.threads),
+                              *(["--incognito"] if incognito else [])],
+                             f"crawlee{tag}-{i}", env, work / f"peer{tag}-{i}.log"))
     sampler = Sampler(watches)
     reap(watches, timeout_s=60 + 3.0 * len(urls))
     sampler.stop()
@@ -451,14 +454,14 @@ def run_peer(server: NginxFarm, farm: Farm, urls: Sequence[str], work: Path,
     leftover = leftover_figures(watches)
     pages, data_requests = split_log(server.read_log(offset))
     if not pages:
-        tail = (work / "peer-0.log").read_text(errors="replace")[-3000:]
+        tail = (work / f"peer{tag}-0.log").read_text(errors="replace")[-3000:]
         raise RuntimeError(f"peer: nginx logged no page; its log ends:\n{tail}")
     records = []
     for i in range(args.workers):
-        path = work / f"peer-records-{i}.jsonl"
+        path = work / f"peer{tag}-records-{i}.jsonl"
         if path.exists():
             records += [json.loads(line) for line in path.read_text().splitlines() if line]
-    figures = crawl_figures("crawlee-playwright", pages, data_requests, watches,
+    figures = crawl_figures(f"crawlee-playwright{tag}", pages, data_requests, watches,
                             2 * args.threads, busy_s, run_s)
     figures.update(check_records(records, urls, farm), **leftover, exits={w.name: w.returncode for w in watches})
     return figures
@@ -480,6 +483,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 if not args.skip_peer:
                     figures["peer"] = run_peer(server, farm, urls, work, args)
                     loads.append(Path("/proc/loadavg").read_text().split()[:3])
+                if args.peer_incognito:
+                    figures["peer_incognito"] = run_peer(server, farm, urls, work, args, True)
+                    loads.append(Path("/proc/loadavg").read_text().split()[:3])
             finally:
                 if args.keep:
                     kept = Path(tempfile.mkdtemp(prefix="render-cost-kept-"))
@@ -492,7 +498,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def summary(figures: Mapping[str, Any]) -> list[str]:
     lines = []
-    for key in ("fleet", "peer"):
+    for key in ("fleet", "peer", "peer_incognito"):
         row = figures.get(key)
         if not row:
             continue
@@ -521,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="RENDER_THREADS")
     parser.add_argument("--idle-exit-s", type=int, default=10)
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--peer-incognito", action="store_true",
+                        help="also run the peer with a fresh context per page, as the fleet")
     parser.add_argument("--bench-python", default=str(REPO_ROOT / "bench" / ".venv" / "bin"
                                                       / "python"))
     parser.add_argument("--keep", action="store_true", help="keep the processes' logs")

@@ -338,7 +338,16 @@ def memory_figures(watch: TreeWatch, since: float, until: float, at_once: int) -
             "peak_pss_mb_per_page_at_once": round(peak_pss / at_once),
             "peak_rss_mb_per_page_at_once": round(peak_rss / at_once),
             "pss_median_first_quarter_mb": round(first), "pss_median_last_quarter_mb": round(last),
-            "pss_last_vs_first": round(last / first, 3), "samples": len(window)}
+            "pss_last_vs_first": round(last / first, 3), "samples": len(window),
+            "pss_median_by_tenth_mb": tenths([m[1] / 1024 for m in window])}
+
+
+def tenths(values: Sequence[float]) -> list[int]:
+    """The median of each tenth of ``values`` (fewer when there are fewer values): the shape
+    of the memory over the crawl."""
+    size = max(1, len(values) // 10)
+    return [round(statistics.median(values[i:i + size]))
+            for i in range(0, size * min(10, len(values)), size)]
 
 
 def crawl_figures(name: str, pages: Sequence[LogLine], data_requests: int, renderers:

@@ -22,6 +22,7 @@ from bench.render_cost import (
     quarter_medians,
     read_procs,
     render_urls,
+    tenths,
     tree,
     write_render_farm,
 )
@@ -103,3 +104,8 @@ def test_a_process_is_found_by_the_tag_its_environment_inherited():
         child.kill()
         child.wait(10)
     assert not has_tag(child.pid, {b"BENCH_RENDER_TAG=1-render-0"})  # gone
+
+
+def test_tenths_give_the_shape_of_a_series():
+    assert tenths(list(range(100))) == [4, 14, 24, 34, 44, 54, 64, 74, 84, 94]
+    assert tenths([7.0, 9.0]) == [7, 9]

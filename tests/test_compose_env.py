@@ -20,7 +20,7 @@ from devtools import compose_env
 from tests.helpers import compose_config, env_example
 
 #: Services running the fleet's image, in docker-compose.yml and in the override.
-LONG_RUNNING = ("scraper", "sink", "scheduler", "api")
+LONG_RUNNING = ("scraper", "sink", "scheduler", "api", "renderer")
 TOOLS = ("producer", "sitemap_producer", "tools", "sink-postgres")
 #: Real passwords (the fleet refuses .env.example's placeholders).
 PASSWORDS = {"RABBITMQ_PASSWORD": "r3al-rabbit", "REDIS_PASSWORD": "r3al-redis",

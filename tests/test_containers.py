@@ -71,7 +71,8 @@ def test_compose_refuses_an_empty_password_and_swarm_takes_it_empty_for_its_secr
 def test_compose_has_the_broker_redis_worker_and_tool_services(compose):
     assert set(compose["services"]) == {
         "rabbitmq", "redis", "scraper", "api", "producer", "sitemap_producer", "tools",
-        "prometheus", "grafana", "sink", "sink-postgres", "postgres", "scheduler", "image"}
+        "prometheus", "grafana", "sink", "sink-postgres", "postgres", "scheduler", "image",
+        "renderer", "render-image"}
 
 
 def test_the_image_is_built_once_and_never_over_fleet_image(tmp_path):
@@ -80,7 +81,7 @@ def test_the_image_is_built_once_and_never_over_fleet_image(tmp_path):
     services = yaml.safe_load(compose_config(
         tmp_path, {**env_example(), "FLEET_IMAGE": "my-fleet:1"}).stdout)["services"]
     builders = {name: s for name, s in services.items() if "build" in s}
-    assert list(builders) == ["image"]
+    assert sorted(builders) == ["image", "render-image"]  # the plain image, the render target
     assert builders["image"]["image"] == "scrape-fleet:local"
     assert builders["image"]["deploy"]["replicas"] == 0, "builds, runs nothing"
     for name in APP_SERVICES:
@@ -286,10 +287,15 @@ def test_dockerfile_passes_hadolint():
 
 def test_dockerfile_runs_the_worker_as_a_non_root_user():
     lines = [line.strip() for line in (REPO_ROOT / "Dockerfile").read_text().splitlines()]
-    user_lines = [line for line in lines if line.startswith("USER ")]
-    assert user_lines and user_lines[-1] not in {"USER root", "USER 0", "USER 0:0"}
-    assert lines.index(user_lines[-1]) > max(i for i, line in enumerate(lines)
-                                             if line.startswith("RUN "))
+    starts = [i for i, line in enumerate(lines) if line.startswith("FROM ")] + [len(lines)]
+    images = [lines[a:b] for a, b in zip(starts, starts[1:], strict=False)]
+    finals = [stage for stage in images if stage[0].split()[-1] in {"scraper", "renderer"}]
+    assert len(finals) == 2, "the plain image and the render image"
+    for stage in finals:  # each image's last USER is not root and comes after its last RUN
+        user_lines = [line for line in stage if line.startswith("USER ")]
+        assert user_lines and user_lines[-1] not in {"USER root", "USER 0", "USER 0:0"}
+        assert stage.index(user_lines[-1]) > max(i for i, line in enumerate(stage)
+                                                 if line.startswith("RUN ")), stage[0]
     assert 'CMD ["python", "worker.py"]' in lines
     assert not any(line.startswith("ENTRYPOINT") for line in lines)
 

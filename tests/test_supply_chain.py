@@ -29,6 +29,7 @@ LOCKS = {
     "requirements.txt": "requirements.lock",
     "requirements-dev.txt": "requirements-dev.lock",
     "bench/requirements-bench.txt": "bench/requirements-bench.lock",
+    "requirements-render.txt": "requirements-render.lock",
 }
 #: Who installs which lock (the file and the lock its pip install must read).
 INSTALLERS = {
@@ -229,8 +230,9 @@ def test_the_image_copies_the_lock_before_installing():
 
 def test_the_base_image_is_pinned_by_tag_and_by_digest_or_a_digest_argument():
     lines = _logical_lines(REPO / "Dockerfile")
-    base = [line for line in lines if line.startswith("FROM ")]
-    assert len(base) == 1, base
+    stages = {line.split()[-1] for line in lines if line.startswith("FROM ") and " AS " in line}
+    base = [line for line in lines if line.startswith("FROM ") and line.split()[1] not in stages]
+    assert len(base) == 1, base  # one image from outside; the other stages build on it
     image = base[0].split()[1]
     assert image.startswith(BASE_TAG), image
     digest = image[len(BASE_TAG):]

@@ -151,10 +151,11 @@ class Browser:
     def _launch(self) -> Any:
         if self._playwright is None:
             self._playwright = _driver()
+        # Chromium's own sandbox is off: Playwright passes --no-sandbox unless told
+        # chromium_sandbox=True (its default), so the container (or the machine's user) is the
+        # confinement; every connection is still the guard proxy's (docs/security.md).
         args = [*CHROMIUM_FLAGS, f"--proxy-server={self._proxy.url}",
                 "--proxy-bypass-list=<-loopback>"]
-        if os.geteuid() == 0:
-            args.append("--no-sandbox")  # Chromium's sandbox refuses to run as root
         with _launching:
             before = chromium_pids()
             self._browser = self._playwright.chromium.launch(

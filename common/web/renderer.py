@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 #: Past the browser's own deadline, how long a caller waits before it gives up on a render
 #: (a browser launch or a page close can take a few seconds on a loaded machine).
 MARGIN_S = 10.0
+#: Browsers failing in a row (to start, or dying) before the pool reports itself unhealthy.
+BROKEN_AFTER = 3
 #: How long close() waits for a browser thread before it kills that thread's Chromium.
 _CLOSE_WAIT_S = 10.0
 _CONTENT_TYPE = "text/html; charset=utf-8"
@@ -122,13 +124,16 @@ class _Slot:
                 logger.warning("renderer %d: the browser died rendering %s; replacing it",
                                self.index, job.url)
                 self._drop_browser()
+                self.renderer.broke(str(exc))
             return
         except Exception as exc:  # noqa: BLE001 - a broken browser must not end the thread
             logger.exception("renderer %d: rendering %s failed", self.index, job.url)
             job.error = FetchError(f"{job.url}: the browser failed ({type(exc).__name__}: "
                                    f"{exc})", kind="connection", sent_at=sent_at)
             self._drop_browser()
+            self.renderer.broke(f"{type(exc).__name__}: {exc}")
             return
+        self.renderer.broken = 0  # a browser rendered a page
         refused = rendered.refused
         if refused:
             logger.info("render %s: %d request(s) refused: %s", job.url[:_LOG_URL_CHARS],
@@ -183,6 +188,8 @@ class Renderer:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
+        self.broken = 0  # browsers in a row that failed to start or died (see health)
+        self.broken_why = ""
         self._slots = [_Slot(self, index) for index in range(threads)]
 
     def _new_browser(self) -> Browser:
@@ -207,12 +214,21 @@ class Renderer:
                 "memory_mb": round(sum(b.memory_bytes() for b in browsers) / 2**20, 1),
                 "closed": self._closed}
 
+    def broke(self, why: str) -> None:
+        """A browser failed to start or died: one more in a row (a render resets the count)."""
+        self.broken += 1
+        self.broken_why = why.splitlines()[0][:300] if why else "unknown"
+
     def health(self) -> tuple[bool, str]:
-        """(healthy, the pool in a line): unhealthy once closed or no browser thread lives."""
+        """(healthy, the pool in a line): unhealthy once closed, when no browser thread lives,
+        or when the last BROKEN_AFTER browsers failed to start or died without a render (a
+        missing library, a crashing Chromium: the worker would only dead-letter pages)."""
         pool = self.snapshot()
         line = (f"render pool {pool['alive']}/{pool['threads']} threads, {pool['browsers']} "
                 f"browsers, {pool['pages']} pages, {pool['launches']} launches, "
                 f"{pool['memory_mb']} MiB")
+        if self.broken >= BROKEN_AFTER:
+            return False, f"{line}; {self.broken} browsers in a row failed: {self.broken_why}"
         return pool["alive"] > 0 and not pool["closed"], line
 
     def kill_browsers(self) -> None:

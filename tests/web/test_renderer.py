@@ -238,3 +238,27 @@ def test_a_dead_browser_thread_fails_its_job_and_is_started_again_at_the_next(
         assert wait_for(lambda: not first.is_alive(), timeout_s=5)
         assert b"after a restart" in made.render(site.url("/after")).body
         assert made._slots[0].thread is not first and len(calls) == 2
+
+
+def test_a_pool_whose_browsers_keep_failing_to_start_says_unhealthy_until_one_renders(
+        settings: Settings, site: TestSite) -> None:
+    site.route("/fine", lambda r: _page("<p>fine again</p>"))
+    broken = [True]
+
+    def factory() -> Browser:
+        if broken[0]:  # as a driver that dies at start (a missing library in the image)
+            raise RuntimeError("Browser.launch: driver exited: libatomic.so.1: cannot open")
+        return Browser.from_settings(settings)
+
+    with Renderer(settings, threads=1, browser_factory=factory) as made:
+        assert made.health()[0]
+        for attempt in range(3):
+            with pytest.raises(FetchError) as caught:
+                made.render(site.url("/fine"))
+            assert caught.value.kind == "connection"
+            healthy, line = made.health()
+            assert healthy == (attempt < 2), line
+        assert "3 browsers in a row failed: RuntimeError: Browser.launch: driver exited" in line
+        broken[0] = False
+        assert b"fine again" in made.render(site.url("/fine")).body
+        assert made.health()[0]

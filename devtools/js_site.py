@@ -75,10 +75,9 @@ _SCROLL = (
     " li.className = 'item'; li.style.height = '120px';"
     f" li.textContent = 'item ' + (batches * {BATCH} + i); list.appendChild(li); }}"
     " batches += 1; document.body.setAttribute('data-batches', batches); }"
-    " more(); var busy = false;"
+    " more();"
     " window.addEventListener('scroll', function () {"
-    " if (busy || window.innerHeight + window.scrollY < document.body.scrollHeight - 20) return;"
-    " busy = true; setTimeout(function () { more(); busy = false; }, 150); });"
+    " if (window.innerHeight + window.scrollY >= document.body.scrollHeight - 20) more(); });"
     "</script>")
 
 _LEAKY = (

@@ -39,6 +39,7 @@ WAITING=(
     tests/test_sessions_fleet.py
     tests/test_login_fleet.py
     tests/test_render_fleet.py
+    tests/test_render_faults.py
 )
 
 split=1

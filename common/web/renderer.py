@@ -32,11 +32,11 @@ from typing import Any
 
 from common.core.errors import FetchError
 from common.core.redact import redact_url
-from common.core.urls import domain_of
 from common.web import multi
 from common.web.browser import Browser
 from common.web.fetch import FetchResult
 from common.web.identity import Identity
+from common.web.render_result import CONTENT_TYPE, rendered_exchange, subrequests
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,6 @@ MARGIN_S = 10.0
 BROKEN_AFTER = 3
 #: How long close() waits for a browser thread before it kills that thread's Chromium.
 _CLOSE_WAIT_S = 10.0
-_CONTENT_TYPE = "text/html; charset=utf-8"
 #: A refused request's URL in the render's log line is cut to this.
 _LOG_URL_CHARS = 200
 
@@ -139,17 +138,20 @@ class _Slot:
             logger.info("render %s: %d request(s) refused: %s", job.url[:_LOG_URL_CHARS],
                         len(refused), "; ".join(f"{url[:_LOG_URL_CHARS]} ({why})"
                                                 for url, why in refused))
-        body = rendered.html.encode("utf-8")
+        full = rendered.html.encode("utf-8")
         cap = self.renderer.max_body_bytes
+        body = full[:cap] if cap else full
         proxy = job.identity.proxy if job.identity is not None else None
         job.result = FetchResult(
             url=job.url, final_url=rendered.final_url, status=rendered.status,
-            content_type=_CONTENT_TYPE, body=body[:cap] if cap else body,
-            elapsed_ms=rendered.elapsed_ms, truncated=bool(cap) and len(body) > cap,
+            content_type=CONTENT_TYPE, body=body,
+            elapsed_ms=rendered.elapsed_ms, truncated=len(full) > len(body),
             headers=rendered.headers, sent_at=sent_at, http_version=None, remote_ip=None,
             proxy=redact_url(proxy) if proxy else None, rendered=True,
             cookies_sent=job.identity is not None and job.identity.cookies is not None,
-            subrequests=subrequests(job.url, rendered.requests))
+            subrequests=subrequests(job.url, rendered.requests),
+            exchanges=(rendered_exchange(rendered.final_url, rendered.status, body, sent_at),)
+            if self.renderer.archive else ())
 
     def _drop_browser(self) -> None:
         browser, self.browser = self.browser, None
@@ -184,6 +186,7 @@ class Renderer:
         self.settings = settings
         self.timeout_s = float(settings.render_timeout_s)
         self.max_body_bytes = int(getattr(settings, "max_body_bytes", 0) or 0)
+        self.archive = getattr(settings, "archive", "none") == "warc"  # an Exchange per page
         self._factory = browser_factory or (lambda: Browser.from_settings(settings))
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -312,14 +315,6 @@ class Renderer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def subrequests(url: str, requests: list[tuple[str, str, str]]) -> int:
-    """The requests a page made to its own site (rate-limit domain) past its document, that
-    the guard let through: what its site served it besides the page."""
-    site = domain_of(url)
-    allowed = [u for u, _kind, verdict in requests if verdict == "allowed"]
-    return sum(1 for u in allowed[1:] if domain_of(u) == site)
 
 
 def _disconnected(browser: Browser | None) -> bool:

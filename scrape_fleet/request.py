@@ -84,5 +84,8 @@ class Request:
 
     def wire(self) -> dict[str, Any]:
         """As the child process sends it to the worker (JSON)."""
-        return {"urls": list(self.urls), "handler": self.handler, "priority": self.priority,
-                "meta": dict(self.meta), "headers": dict(self.headers), "render": self.render}
+        wire = {"urls": list(self.urls), "handler": self.handler, "priority": self.priority,
+                "meta": dict(self.meta), "headers": dict(self.headers)}
+        if self.render:
+            wire["render"] = self.render  # only when asked: the wire of a plain follow as before
+        return wire

@@ -6,14 +6,13 @@ exactly one outcome, and the killed worker's Chromium does not outlive it."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections import Counter
 
 import pytest
 
 from common.intake.producer import Producer
-from common.web.browser_procs import chromium_pids
+from common.web.browser_procs import below, chromium_pids, process_table
 from devtools.js_site import install_js_pages
 from devtools.testsite import start_sites
 from tests.helpers import output_of, results, start_worker_process, wait_for, wait_workers_ok
@@ -21,43 +20,18 @@ from tests.helpers import output_of, results, start_worker_process, wait_for, wa
 pytestmark = pytest.mark.slow
 
 
-def _process_table() -> dict[int, tuple[int, str, str]]:
-    """pid -> (parent pid, name, start time in clock ticks), from /proc."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue  # exited meanwhile
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] == "Z":
-            continue  # a zombie holds nothing but its entry
-        table[int(entry)] = (int(fields[1]), stat[stat.index("(") + 1:stat.rindex(")")],
-                             fields[19])
-    return table
-
-
 def process_tree(pid: int) -> dict[int, tuple[str, str]]:
-    """Every live process below ``pid``: pid -> (name, start time)."""
-    table = _process_table()
-    found = {pid}
-    changed = True
-    while changed:
-        more = {p for p, (parent, _n, _s) in table.items() if parent in found} - found
-        changed = bool(more)
-        found |= more
-    found.discard(pid)
-    return {p: (table[p][1], table[p][2]) for p in found if p in table}
+    """Every live process below ``pid``: pid -> (name, start time); zombies hold nothing."""
+    table = process_table()
+    return {p: (table[p].name, table[p].started) for p in below(table, pid)
+            if table[p].state != "Z"}
 
 
 def still_running(processes: dict[int, tuple[str, str]]) -> dict[int, tuple[str, str]]:
     """Those of ``processes`` still running (the same process: pid and start time)."""
-    table = _process_table()
-    return {p: v for p, v in processes.items()
-            if p in table and (table[p][1], table[p][2]) == v}
+    table = process_table()
+    return {p: v for p, v in processes.items() if p in table and table[p].state != "Z"
+            and (table[p].name, table[p].started) == v}
 
 
 def test_a_render_worker_killed_mid_page_loses_nothing_and_leaves_no_chromium(

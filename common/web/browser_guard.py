@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 from common.core.redact import redact_url
 from common.web.browser_upstream import UpstreamError, connect_via
+from common.web.browser_upstream import read_exactly as _read
 from common.web.netguard import AddressGuard, resolve
 
 logger = logging.getLogger(__name__)
@@ -241,16 +242,6 @@ class GuardProxy:
             with self._lock:
                 self.proxy_errors = [*self.proxy_errors[-99:], str(exc)]
             return None
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ValueError("connection closed during the SOCKS handshake")
-        data += chunk
-    return data
 
 
 def _relay(a: socket.socket, b: socket.socket, received: Callable[[int], bool]) -> None:

@@ -15,17 +15,22 @@ the PSS (183-246 MiB measured, 290-327 estimated), so a browser is replaced earl
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 
-def chromium_pids(groups: set[int] | None = None) -> set[int]:
-    """The pids of this process's descendants running Chromium (read from /proc).
+class Process(NamedTuple):
+    """One line of /proc/PID/stat, what the fleet reads of it."""
 
-    Args:
-        groups: only those in these process groups (a browser's: :attr:`Browser.groups`).
-    """
-    parents: dict[int, int] = {}
-    names: dict[int, str] = {}
-    group_of: dict[int, int] = {}
+    parent: int
+    group: int
+    name: str
+    state: str  # "Z": a zombie, holding nothing but its entry
+    started: str  # start time in clock ticks: a pid and this name one process
+
+
+def process_table() -> dict[int, Process]:
+    """Every process now, from /proc (one that exits meanwhile is left out)."""
+    table: dict[int, Process] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -35,17 +40,32 @@ def chromium_pids(groups: set[int] | None = None) -> set[int]:
         except OSError:
             continue  # exited meanwhile
         fields = stat[stat.rindex(")") + 2:].split()
-        parents[int(entry)] = int(fields[1])
-        group_of[int(entry)] = int(fields[2])
-        names[int(entry)] = stat[stat.index("(") + 1:stat.rindex(")")]
-    ours = {os.getpid()}
+        table[int(entry)] = Process(int(fields[1]), int(fields[2]),
+                                    stat[stat.index("(") + 1:stat.rindex(")")], fields[0],
+                                    fields[19])
+    return table
+
+
+def below(table: dict[int, Process], pid: int) -> set[int]:
+    """The pids below ``pid`` in ``table`` (children, their children...)."""
+    found = {pid}
     changed = True
     while changed:
-        found = {pid for pid, parent in parents.items() if parent in ours} - ours
-        changed = bool(found)
-        ours |= found
-    return {pid for pid in ours if "chrom" in names.get(pid, "")
-            and (groups is None or group_of.get(pid) in groups)}
+        more = {p for p, proc in table.items() if proc.parent in found} - found
+        changed = bool(more)
+        found |= more
+    return found - {pid}
+
+
+def chromium_pids(groups: set[int] | None = None) -> set[int]:
+    """The pids of this process's descendants running Chromium (read from /proc).
+
+    Args:
+        groups: only those in these process groups (a browser's: :attr:`Browser.groups`).
+    """
+    table = process_table()
+    return {pid for pid in below(table, os.getpid()) if "chrom" in table[pid].name
+            and (groups is None or table[pid].group in groups)}
 
 
 def group_of(pid: int) -> int | None:

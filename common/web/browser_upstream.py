@@ -90,13 +90,13 @@ def _socks5_connect(sock: socket.socket, target: str, port: int, user: str | Non
                     password: str | None, shown: str) -> None:
     methods = b"\x00\x02" if user is not None else b"\x00"
     sock.sendall(b"\x05" + bytes([len(methods)]) + methods)
-    version, method = _read(sock, 2)
+    version, method = read_exactly(sock, 2)
     if version != 5 or method not in methods:
         raise UpstreamError(f"proxy {shown}: no acceptable SOCKS5 method")
     if method == 2:
         name, secret = (user or "").encode(), (password or "").encode()
         sock.sendall(b"\x01" + bytes([len(name)]) + name + bytes([len(secret)]) + secret)
-        if _read(sock, 2)[1] != 0:
+        if read_exactly(sock, 2)[1] != 0:
             raise UpstreamError(f"proxy {shown}: SOCKS5 credentials refused")
     try:
         packed = ipaddress.ip_address(target.strip("[]"))
@@ -105,18 +105,19 @@ def _socks5_connect(sock: socket.socket, target: str, port: int, user: str | Non
         encoded = target.encode("idna")
         address = b"\x03" + bytes([len(encoded)]) + encoded
     sock.sendall(b"\x05\x01\x00" + address + struct.pack("!H", port))
-    _, reply, _, address_type = _read(sock, 4)
+    _, reply, _, address_type = read_exactly(sock, 4)
     if reply != 0:
         raise UpstreamError(f"proxy {shown}: SOCKS5 CONNECT failed (reply {reply})")
     length = {1: 4, 4: 16}.get(address_type)
-    _read(sock, (length if length is not None else _read(sock, 1)[0]) + 2)
+    read_exactly(sock, (length if length is not None else read_exactly(sock, 1)[0]) + 2)
 
 
-def _read(sock: socket.socket, n: int) -> bytes:
+def read_exactly(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes of a SOCKS handshake (ours with Chromium, or an upstream proxy's)."""
     data = b""
     while len(data) < n:
         chunk = sock.recv(n - len(data))
         if not chunk:
-            raise ValueError("the proxy closed the connection during the SOCKS5 handshake")
+            raise ValueError("the connection closed during the SOCKS handshake")
         data += chunk
     return data

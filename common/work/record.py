@@ -85,7 +85,7 @@ def fetch_record(url: str, response: FetchResult, *, worker: str, queue: str, de
     }
     if response.proxy is not None:
         record["proxy"] = response.proxy  # credentials removed (Fetcher)
-    if response.rendered:
+    if getattr(response, "rendered", False):
         record["rendered"] = True  # the DOM after Chromium ran its scripts
     if response.tls_verified is False:
         record["tls_verified"] = False  # FETCH_INSECURE_DOMAINS: said in every such record

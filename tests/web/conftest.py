@@ -14,6 +14,7 @@ from common.core.config import Settings
 from common.web import browser_guard
 from common.web.fetch import Fetcher, FetchResult
 from common.web.multi import FetchLoop
+from devtools.testsite import TestSite
 from tests.helpers import in_fetch_loop
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
@@ -76,3 +77,27 @@ def loopback_names_only() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(browser_guard, "resolve", _loopback_resolve)
         yield
+
+
+@pytest.fixture(scope="module")
+def sites() -> Iterator[tuple[TestSite, TestSite]]:
+    """The browser tests' two loopback sites: one the guard allows (127.0.0.1), one it
+    refuses (127.0.0.2, outside their FETCH_ALLOW_NETWORKS), whose log must stay empty."""
+    allowed, refused = TestSite("127.0.0.1").start(), TestSite("127.0.0.2").start()
+    yield allowed, refused
+    allowed.stop()
+    refused.stop()
+
+
+@pytest.fixture
+def site(sites: tuple[TestSite, TestSite]) -> TestSite:
+    """The allowed site, its log cleared (and the refused one's)."""
+    sites[0].clear_log()
+    sites[1].clear_log()
+    return sites[0]
+
+
+@pytest.fixture
+def other(sites: tuple[TestSite, TestSite]) -> TestSite:
+    """The refused site."""
+    return sites[1]

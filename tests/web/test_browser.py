@@ -43,31 +43,11 @@ def _no_name_leaves_the_machine(loopback_names_only: None) -> None:
 
 
 @pytest.fixture(scope="module")
-def sites() -> Iterator[tuple[TestSite, TestSite]]:
-    allowed, refused = TestSite("127.0.0.1").start(), TestSite("127.0.0.2").start()
-    yield allowed, refused
-    allowed.stop()
-    refused.stop()
-
-
-@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     settings = load_settings({"BROWSER_EXECUTABLE": require_tool("chromium"),
                               "FETCH_ALLOW_NETWORKS": "127.0.0.1/32", "RENDER_TIMEOUT_S": "10"})
     with Browser.from_settings(settings) as made:
         yield made
-
-
-@pytest.fixture
-def site(sites: tuple[TestSite, TestSite]) -> TestSite:
-    sites[0].clear_log()
-    sites[1].clear_log()
-    return sites[0]
-
-
-@pytest.fixture
-def other(sites: tuple[TestSite, TestSite]) -> TestSite:
-    return sites[1]
 
 
 def _alive(pid: int) -> bool:

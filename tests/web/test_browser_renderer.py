@@ -5,7 +5,6 @@ allowed, 127.0.0.2 refused (its log must stay empty)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 
@@ -26,14 +25,6 @@ def _no_name_leaves_the_machine(loopback_names_only: None) -> None:
 def settings() -> Settings:
     return load_settings({"BROWSER_EXECUTABLE": require_tool("chromium"),
                           "FETCH_ALLOW_NETWORKS": "127.0.0.1/32", "RENDER_TIMEOUT_S": "10"})
-
-
-@pytest.fixture(scope="module")
-def sites() -> Iterator[tuple[TestSite, TestSite]]:
-    allowed, refused = TestSite("127.0.0.1").start(), TestSite("127.0.0.2").start()
-    yield allowed, refused
-    allowed.stop()
-    refused.stop()
 
 
 def test_a_render_through_a_proxy_has_the_documents_headers_the_proxy_redacted_and_one_refusal_line(

@@ -55,21 +55,6 @@ def settings() -> Settings:
 
 
 @pytest.fixture(scope="module")
-def sites() -> Iterator[tuple[TestSite, TestSite]]:
-    allowed, refused = TestSite("127.0.0.1").start(), TestSite("127.0.0.2").start()
-    yield allowed, refused
-    allowed.stop()
-    refused.stop()
-
-
-@pytest.fixture
-def site(sites: tuple[TestSite, TestSite]) -> TestSite:
-    sites[0].clear_log()
-    sites[1].clear_log()
-    return sites[0]
-
-
-@pytest.fixture(scope="module")
 def renderer(settings: Settings) -> Iterator[Renderer]:
     with Renderer(settings, threads=2) as made:
         yield made

@@ -73,7 +73,7 @@ def test_rules_without_identity_keys_are_never_matched_before_the_fetch(make, si
     identities = make(extract_rules=_rules({"path": "^/page/", "fields": {"t": "title"}}))
     identity, _visit = identities.begin(_trip(site.page_url(1)))
     assert identity.cookies is not None
-    assert list(identities._rules.values()) == [None]  # noqa: SLF001 - nothing to match
+    assert list(identities._rules._extractors.values()) == [None]  # noqa: SLF001 - none
 
 
 def test_a_rules_proxies_replace_the_fleets_and_false_goes_direct(make, site):

@@ -40,6 +40,8 @@ WAITING=(
     tests/test_login_fleet.py
     tests/test_render_fleet.py
     tests/test_render_faults.py
+    tests/web/test_browser_features.py
+    tests/web/test_browser_renderer.py
 )
 
 split=1

@@ -62,21 +62,38 @@ def proc_rss_kb(pid: int) -> tuple[int, int] | None:
     return values.get("VmRSS", 0), values.get("VmHWM", 0)
 
 
-def cpu_s_where(field: int, value: int) -> float:
-    """Summed utime + stime of the live processes whose /proc stat field number ``field``
-    (after the command: 1 = parent pid, 2 = process group) equals ``value``."""
-    total = 0.0
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    pgid: int
+    start: int
+    comm: str
+    cpu_s: float
+
+
+def read_procs() -> dict[int, Proc]:
+    """Every live process: parent, group, start time (ticks since boot), name, CPU."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             raw = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2:].split()
-        if int(fields[field]) == value:
-            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    return total
+            continue  # exited meanwhile
+        comm = raw[raw.index("(") + 1:raw.rindex(")")]
+        f = raw[raw.rindex(")") + 2:].split()
+        found[int(entry)] = Proc(int(entry), int(f[1]), int(f[2]), int(f[19]), comm,
+                                 (int(f[11]) + int(f[12])) / CLOCK_TICKS)
+    return found
+
+
+def cpu_s_where(field: int, value: int) -> float:
+    """Summed utime + stime of the live processes whose /proc stat field number ``field``
+    (after the command: 1 = parent pid, 2 = process group) equals ``value``."""
+    key = {1: "ppid", 2: "pgid"}[field]
+    return sum(proc.cpu_s for proc in read_procs().values() if getattr(proc, key) == value)
 
 
 def group_cpu_s(pgid: int) -> float:

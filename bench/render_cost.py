@@ -50,11 +50,11 @@ import redis  # noqa: E402
 from bench.crawl_rounds import machine_busy_s  # noqa: E402
 from bench.farm import FIRST_HOST, Farm, LogLine, NginxFarm, _free_port_on_all  # noqa: E402
 from bench.farm_pages import Site, paragraph_pool  # noqa: E402
+from bench.procstat import Proc, read_procs  # noqa: E402
 from bench.shared import REPO_ROOT, fleet_env, log, queue_depths, run_producer  # noqa: E402
 from common.broker import topology  # noqa: E402
 from devtools.services import fleet_services, reset_state  # noqa: E402
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ITEMS_PER_PAGE = 10
 PEER_SCRIPT = "bench.peers.render_crawlee"
 #: The rule that sends the farm's pages to the render workers, and what it extracts.
@@ -133,33 +133,6 @@ def site_and_page(url: str, farm: Farm) -> tuple[int, int]:
 
 
 # -- process trees ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Proc:
-    pid: int
-    ppid: int
-    pgid: int
-    start: int
-    comm: str
-    cpu_s: float
-
-
-def read_procs() -> dict[int, Proc]:
-    """Every live process: parent, group, start time (ticks since boot), name, CPU."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        comm = raw[raw.index("(") + 1:raw.rindex(")")]
-        f = raw[raw.rindex(")") + 2:].split()
-        found[int(entry)] = Proc(int(entry), int(f[1]), int(f[2]), int(f[19]), comm,
-                                 (int(f[11]) + int(f[12])) / CLOCK_TICKS)
-    return found
-
 
 def tree(root: int, procs: Mapping[int, Proc]) -> list[Proc]:
     """``root`` and its live descendants."""

@@ -217,8 +217,8 @@ class GuardProxy:
             try:
                 target = socket.create_connection((address, port), timeout=_CONNECT_TIMEOUT_S)
                 break
-            except OSError:
-                continue
+            except OSError as exc:  # this address does not answer: the next one may
+                logger.debug("browser guard proxy: %s:%d at %s: %s", host, port, address, exc)
         if target is None:
             client.sendall(b"\x05\x05\x00\x01" + bytes(6))  # connection refused
             return None

@@ -28,21 +28,24 @@ class Process(NamedTuple):
     started: str  # start time in clock ticks: a pid and this name one process
 
 
+def _stat(pid: int | str) -> Process | None:
+    """/proc/PID/stat read, or None when the process has exited meanwhile."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return None  # exited meanwhile
+    fields = stat[stat.rindex(")") + 2:].split()
+    return Process(int(fields[1]), int(fields[2]), stat[stat.index("(") + 1:stat.rindex(")")],
+                   fields[0], fields[19])
+
+
 def process_table() -> dict[int, Process]:
     """Every process now, from /proc (one that exits meanwhile is left out)."""
     table: dict[int, Process] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue  # exited meanwhile
-        fields = stat[stat.rindex(")") + 2:].split()
-        table[int(entry)] = Process(int(fields[1]), int(fields[2]),
-                                    stat[stat.index("(") + 1:stat.rindex(")")], fields[0],
-                                    fields[19])
+        if entry.isdigit() and (proc := _stat(entry)) is not None:
+            table[int(entry)] = proc
     return table
 
 
@@ -69,11 +72,9 @@ def chromium_pids(groups: set[int] | None = None) -> set[int]:
 
 
 def group_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[2])
-    except (OSError, IndexError, ValueError):
-        return None
+    """The process group of ``pid``; None when it has exited."""
+    proc = _stat(pid)
+    return proc.group if proc is not None else None
 
 
 def memory_bytes(pids: set[int]) -> int:

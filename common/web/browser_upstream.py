@@ -101,7 +101,7 @@ def _socks5_connect(sock: socket.socket, target: str, port: int, user: str | Non
     try:
         packed = ipaddress.ip_address(target.strip("[]"))
         address = (b"\x01" if packed.version == 4 else b"\x04") + packed.packed
-    except ValueError:
+    except ValueError:  # not an address: a name, which the proxy resolves (socks5h)
         encoded = target.encode("idna")
         address = b"\x03" + bytes([len(encoded)]) + encoded
     sock.sendall(b"\x05\x01\x00" + address + struct.pack("!H", port))

@@ -66,7 +66,7 @@ def _loopback_resolve(host: str) -> tuple[str, ...]:
         return ("127.0.0.1",)
     try:
         return (str(ipaddress.ip_address(host.strip("[]"))),)
-    except ValueError:
+    except ValueError:  # a name: only loopback literals resolve in the browser's tests
         return ()
 
 

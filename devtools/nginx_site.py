@@ -257,6 +257,18 @@ class NginxSite:
                 found.append((match.group(3), int(match.group(1))))
         return found
 
+    def await_requests(self, at_least: int = 1, since: int = 0,
+                       timeout_s: float = 10.0) -> list[tuple[str, int]]:
+        """``requests(since)`` once at least ``at_least`` lines are logged (or the timeout passed).
+
+        nginx logs a request after the client already has the response, so a test that
+        has just fetched a page must wait for the line rather than read the log at once.
+        """
+        deadline = time.monotonic() + timeout_s
+        while len(found := self.requests(since)) < at_least and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return found
+
     def connections(self) -> int:
         """TCP connections accepted on the site's port so far (the start-up probe included)."""
         with socket.create_connection((self.host, self.status_port), timeout=5) as sock:

@@ -252,7 +252,7 @@ def test_an_https_page_comes_through_an_http_proxy_tunnel(
     assert result.status == 200 and b"over tls" in result.body
     assert result.tls_verified is True and result.http_version == "2"
     assert ("CONNECT", f"localhost:{https_site.port}") in tinyproxy.requests()
-    assert ("/index.html", 200) in https_site.requests()
+    assert ("/index.html", 200) in https_site.await_requests()
 
 
 @pytest.mark.parametrize("scheme", ["socks5", "socks5h"])

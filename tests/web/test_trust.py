@@ -119,7 +119,7 @@ def test_nginx_serves_the_directory_over_https_and_logs_path_and_status(
                           capture_output=True, check=True)
     assert done.stdout.startswith(PAGE)
     assert done.stdout.endswith(b"2 404")
-    assert good.requests(offset) == [("/index.html", 200), ("/missing.html", 404)]
+    assert good.await_requests(2, offset) == [("/index.html", 200), ("/missing.html", 404)]
     assert good.connections() - connections == 1  # both over one HTTP/2 connection
 
 
@@ -385,7 +385,7 @@ def test_a_redirect_hop_is_checked_with_the_same_trust(
     away = f"        location = /away.html {{ return 302 {expired.url('/index.html')}; }}\n"
     with NginxSite(docroot, tls=pki.leaf, server_extra=away) as bouncer:
         error = _fetch_error(fetcher, bouncer.url("/away.html"))
-        assert bouncer.requests() == [("/away.html", 302)]  # the first hop was trusted
+        assert bouncer.await_requests() == [("/away.html", 302)]  # the first hop was trusted
     assert error.kind == "tls_certificate" and "expired" in str(error)
 
 

@@ -12,6 +12,9 @@ Queues::
     render_queue     as url_queue_ttl, for the pages a browser renders: consumed by the
                      render workers only (``scrape-fleet work --render``), so plain pages
                      never wait behind a browser and render workers scale on their own
+    media_priority   as priority_queue, and
+    media_queue      as url_queue_ttl, for the assets a page references (images, PDFs...):
+                     consumed by the download workers only (``scrape-fleet work --media``)
     failed_urls      durable, x-message-ttl 24 h, bound to failed_exchange (direct) key "failed"
     expired_urls     durable, x-message-ttl 24 h, bound to expired_exchange (fanout); messages
                      that outlived their TTL in a work queue land here so they are counted and
@@ -63,6 +66,8 @@ EXPIRED_EXCHANGE = "expired_exchange"
 
 RENDER_PRIORITY_QUEUE = "render_priority"
 RENDER_QUEUE = "render_queue"
+MEDIA_PRIORITY_QUEUE = "media_priority"
+MEDIA_QUEUE = "media_queue"
 
 #: Work queues in the order a worker serves them (first = most urgent).
 WORK_QUEUES: tuple[str, ...] = (PRIORITY_QUEUE, NORMAL_QUEUE)
@@ -70,6 +75,12 @@ WORK_QUEUES: tuple[str, ...] = (PRIORITY_QUEUE, NORMAL_QUEUE)
 RENDER_QUEUES: tuple[str, ...] = (RENDER_PRIORITY_QUEUE, RENDER_QUEUE)
 #: Every queue a page waits in for a worker.
 PAGE_QUEUES: tuple[str, ...] = WORK_QUEUES + RENDER_QUEUES
+#: The download workers' queues, in the same order.
+MEDIA_QUEUES: tuple[str, ...] = (MEDIA_PRIORITY_QUEUE, MEDIA_QUEUE)
+#: Every queue a worker of some kind consumes URLs from.
+CONSUMED_QUEUES: tuple[str, ...] = PAGE_QUEUES + MEDIA_QUEUES
+#: A work queue's media twin: where the assets its pages reference go.
+MEDIA_TWIN: dict[str, str] = {PRIORITY_QUEUE: MEDIA_PRIORITY_QUEUE, NORMAL_QUEUE: MEDIA_QUEUE}
 #: A work queue's render twin: where a page that needs a browser goes from it.
 RENDER_TWIN: dict[str, str] = {PRIORITY_QUEUE: RENDER_PRIORITY_QUEUE,
                                NORMAL_QUEUE: RENDER_QUEUE,
@@ -137,6 +148,10 @@ QUEUES: tuple[QueueSpec, ...] = (
                                       "x-dead-letter-exchange": EXPIRED_EXCHANGE}),
     QueueSpec(RENDER_QUEUE, {"x-message-ttl": HOUR_MS,
                              "x-dead-letter-exchange": EXPIRED_EXCHANGE}),
+    QueueSpec(MEDIA_PRIORITY_QUEUE, {"x-message-ttl": 30 * MINUTE_MS,
+                                     "x-dead-letter-exchange": EXPIRED_EXCHANGE}),
+    QueueSpec(MEDIA_QUEUE, {"x-message-ttl": HOUR_MS,
+                            "x-dead-letter-exchange": EXPIRED_EXCHANGE}),
     QueueSpec(FAILED_QUEUE, {"x-message-ttl": 24 * HOUR_MS},
               bind_exchange=FAILED_EXCHANGE, bind_key=FAILED_ROUTING_KEY),
     QueueSpec(EXPIRED_QUEUE, {"x-message-ttl": 24 * HOUR_MS},
@@ -158,7 +173,7 @@ def queue_arguments(queue: QueueSpec, queue_type: str = CLASSIC) -> dict[str, An
     if "x-dead-letter-exchange" in queue.arguments:
         arguments["x-dead-letter-strategy"] = "at-least-once"
         arguments["x-overflow"] = "reject-publish"
-    if queue.name in PAGE_QUEUES:
+    if queue.name in CONSUMED_QUEUES:
         arguments["x-delivery-limit"] = DELIVERY_LIMIT
     elif queue.name in (FAILED_QUEUE, EXPIRED_QUEUE):
         arguments["x-delivery-limit"] = BROWSE_DELIVERY_LIMIT
@@ -197,7 +212,7 @@ def mismatch_help(name: str, queue_type: str, reply: str) -> str:
             "back to what the queues are, or migrate: point the fleet at a new virtual host "
             "(RABBITMQ_VHOST or the URL's path) and let the old workers drain the old one, or "
             "stop everything, drain and delete the fleet's queues (priority_queue, "
-            "url_queue_ttl, render_priority, render_queue, failed_urls, expired_urls, hold.*) and start again. "
+            "url_queue_ttl, render_priority, render_queue, media_priority, media_queue, failed_urls, expired_urls, hold.*) and start again. "
             "NOTES.md #40 explains both.")
 
 

@@ -39,6 +39,7 @@ from common.core.settings import (
     FetchSettings,
     IntakeSettings,
     JobSettings,
+    MediaSettings,
     OpsSettings,
     PageLimitSettings,
     PolitenessSettings,
@@ -67,7 +68,7 @@ G = TypeVar("G", bound=SettingsGroup)
 @dataclass(frozen=True, repr=False)
 class Settings(OpsSettings, ApiSettings, JobSettings, RecrawlSettings, SinkSettings, PressureSettings, PageLimitSettings,
                ArchiveSettings, ExtractSettings, CrawlSettings, BackoffSettings, CacheSettings,
-               PolitenessSettings, IntakeSettings, StateSettings, RenderSettings, ProxySettings,
+               PolitenessSettings, IntakeSettings, StateSettings, RenderSettings, MediaSettings, ProxySettings,
                SessionSettings, TrustSettings, FetchSettings,
                WorkerSettings, ReconnectSettings, RedisSettings, BrokerSettings):
     """Typed, immutable settings: every group's fields in one object. Build with

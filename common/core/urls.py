@@ -109,6 +109,17 @@ def job_fingerprint(canonical_url: str, scope: str | None) -> Fingerprint:
     return fingerprint(f"{canonical_url}#job:{scope}" if scope else canonical_url)
 
 
+#: Appended to an asset's canonical URL before it is fingerprinted: a URL fetched as a page
+#: and downloaded as an asset is two URLs to dedupe and to record once each.
+MEDIA_MARK = "#media"
+
+
+def identity_url(canonical_url: str, media: bool) -> str:
+    """What a URL is fingerprinted as: itself, or as an asset (a message with ``media``) the
+    same with :data:`MEDIA_MARK` (a canonical URL has no fragment, so neither collides)."""
+    return canonical_url + MEDIA_MARK if media else canonical_url
+
+
 def domain_of(url: str) -> str:
     """The host a URL is fetched from (lower-case, no port, canonical as in
     :func:`canonical_host`): the unit of politeness. A host that is not valid is returned

@@ -22,10 +22,10 @@ queued and not marked seen, when the producer is given a :class:`HostCheck`
 Fairness (common/intake/defer.py): before publishing, one more Lua call gives each URL its
 domain's next release slot; URLs due later than DEFER_LEAD_S are written to Redis instead
 (``deferred``), which counts as their confirm, and the workers' releasers publish them on time.
-
 A job's URLs (``job=``, common/intake/job_intake.py) are deduped per run, carry ``job`` and
 ``run``, count as its ``known`` in the mark-seen script, stop at ``limits.pages`` in the claim
 script (known + claimed: exact across producers and workers), take its pace and priority.
+An asset (``extra["media"]``, common/media/) is fingerprinted as one and goes to a media queue.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from common.broker.publisher import ConfirmingPublisher
 from common.core.backoff import reconnect_delay_s
 from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, InvalidURL, ServiceUnavailable
-from common.core.urls import Fingerprint, canonicalize, domain_of, fingerprint
+from common.core.urls import Fingerprint, canonicalize, domain_of, fingerprint, identity_url
 from common.intake.defer import Deferral, Pending
 from common.intake.hosts import HostCheck, Refused
 from common.intake.job_intake import JobIntake, JobRun, JobTerms, JobTermsBook
@@ -206,7 +206,7 @@ class Producer:
         summary = ProduceSummary(read=len(raw_urls))
         if job is not None:
             extra, force_priority = {**(extra or {}), **job.fields()}, force_priority or job.priority
-        key = job.fingerprint if job is not None else fingerprint
+        key, media = job.fingerprint if job is not None else fingerprint, "media" in (extra or {})
         candidates: list[tuple[str, Fingerprint]] = []
         invalid: list[Invalid] = []
         for raw in raw_urls:
@@ -215,7 +215,7 @@ class Producer:
             except InvalidURL as exc:
                 invalid.append((raw, str(exc), job.fields() if job else {}))
                 continue
-            candidates.append((url, key(url)))
+            candidates.append((url, key(identity_url(url, media))))
         if self.hosts is not None and candidates:
             # Never claimed nor marked seen: allowed later, produced again, they are new.
             candidates = self.hosts.keep_allowed(candidates, summary.refused)
@@ -235,7 +235,8 @@ class Producer:
                 continue
             queued.add(fp)
             route = self.router.route(url, force_priority=force_priority)
-            accepted.append(_Accepted(url, fp, route.queue, route.ttl_ms, depth,
+            queue = topology.MEDIA_TWIN[route.queue] if media else route.queue
+            accepted.append(_Accepted(url, fp, queue, route.ttl_ms, depth,
                                       uuid.uuid4().hex[:16] if recrawl else None, extra))
         unpublished: list[_Accepted] = []
         if keep is not None and accepted:

@@ -15,6 +15,8 @@
     failures                 STREAM, one failure record per dead-lettered URL (field ``json``),
                              appended once the dead letter is confirmed; capped and read by
                              the sinks like ``results``.
+    assets                   STREAM, one asset record per downloaded media request (field
+                             ``json``; common/media/), read by the sinks like ``results``.
     sinks                    SET of registered result sink names (a sink's group is
                              ``sink:{name}``); SREM and XGROUP DESTROY to retire one.
     stats:counters           HASH of fleet-wide counters (HINCRBY): cache_hits, cache_misses,
@@ -155,6 +157,7 @@ SEEN_PREFIX = "crawled_urls:"
 DONE_PREFIX = "done:"
 RESULTS_STREAM = "results"
 FAILURES_STREAM = "failures"
+ASSETS_STREAM = "assets"
 SINKS = "sinks"
 COUNTERS = "stats:counters"
 

@@ -11,7 +11,7 @@ import logging
 from common.broker.messages import WorkMessage
 from common.core.errors import BadMessage, InvalidURL
 from common.core.redact import clip
-from common.core.urls import Fingerprint, canonicalize, job_fingerprint
+from common.core.urls import Fingerprint, canonicalize, identity_url, job_fingerprint
 from common.jobs.registry import JobRef
 from common.store.dedupe import SeenSet
 from common.store.keys import COUNTERS, job_run_key
@@ -55,6 +55,7 @@ def _fingerprint_of(message: WorkMessage, job: JobRef | None) -> Fingerprint | N
         except ValueError:
             logger.warning("bad fingerprint %s in an expired message", clip(repr(message.fp)))
     try:
-        return job_fingerprint(canonicalize(message.url), job.scope if job is not None else None)
+        return job_fingerprint(identity_url(canonicalize(message.url), "media" in message.extra),
+                               job.scope if job is not None else None)
     except InvalidURL:
         return None

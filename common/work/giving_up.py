@@ -19,7 +19,7 @@ from common.broker.messages import WorkMessage
 from common.core.backoff import retry_delay_s
 from common.core.config import Settings
 from common.core.errors import BadMessage, InvalidURL
-from common.core.urls import canonicalize, job_fingerprint
+from common.core.urls import canonicalize, identity_url, job_fingerprint
 from common.jobs.registry import JobRef
 from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import COUNTERS, failures_key
@@ -141,7 +141,8 @@ class GivingUp:
         nonce = message.extra.get("nonce")
         nonce = nonce if isinstance(nonce, str) else None
         job = JobRef.of(message.extra)
-        return self.done.mark_for(url, nonce, scope=job.scope if job is not None else None)
+        return self.done.mark_for(identity_url(url, "media" in message.extra), nonce,
+                                  scope=job.scope if job is not None else None)
 
     def is_done(self, url: str, message: WorkMessage) -> bool:
         return self.done.contains(self.done_mark(url, message))

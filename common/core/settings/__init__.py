@@ -26,6 +26,7 @@ from common.core.settings.fetching import (
     StateSettings,
     WorkerSettings,
 )
+from common.core.settings.media import MediaSettings
 from common.core.settings.outputs import (
     ApiSettings,
     JobSettings,
@@ -49,7 +50,7 @@ from common.core.settings.sessions import (
 
 __all__ = [
     "ApiSettings", "ArchiveSettings", "BackoffSettings", "BrokerSettings", "CacheSettings", "CrawlSettings",
-    "ExtractSettings", "FetchSettings", "IntakeSettings", "JobSettings", "Knob", "OpsSettings",
+    "ExtractSettings", "FetchSettings", "MediaSettings", "IntakeSettings", "JobSettings", "Knob", "OpsSettings",
     "PageLimitSettings", "PolitenessSettings", "PressureSettings", "ProxySettings",
     "ReconnectSettings",
     "RecrawlSettings", "RedisSettings", "RenderSettings", "SessionSettings", "SettingsGroup", "SinkSettings",

@@ -343,6 +343,61 @@ def test_render_worker_memory_is_sized_from_the_browsers_it_runs(config):
                if isinstance(v, dict) and v["target"] == "/tmp")
     assert tmp["tmpfs"]["size"] >= 256 * 2**20, "Chromium's shared memory lives in /tmp"
 
+# -- Download workers and MinIO: the media profile ----------------------------------------------
+
+MEDIA_PROFILE_SERVICES = {"downloader", "minio", "minio-bucket"}
+
+
+def test_download_workers_start_with_the_media_profile_after_minio_and_its_bucket(config):
+    services = config["services"]
+    downloader = services["downloader"]
+    assert downloader["profiles"] == ["media"]
+    assert downloader["image"] == services["scraper"]["image"] == APP_IMAGE
+    assert container_argv(downloader, []) == ["python", "worker.py", "--media"]
+    assert {name: dep["condition"] for name, dep in downloader["depends_on"].items()} == {
+        "rabbitmq": "service_healthy", "redis": "service_healthy",
+        "minio-bucket": "service_completed_successfully"}
+    assert services["minio-bucket"]["depends_on"] == {"minio": {"condition": "service_healthy"}}
+    assert services["minio-bucket"]["command"] == ["mb", "--ignore-existing", "fleet/assets"]
+    assert "http://127.0.0.1:9100/healthz" in " ".join(downloader["healthcheck"]["test"])
+    assert int(downloader["deploy"]["replicas"]) == 1
+    assert "ports" not in downloader
+    # Assets stream to disk, on a volume of the container's own, not to the /tmp tmpfs.
+    spool = downloader["environment"]["MEDIA_SPOOL_DIR"]
+    (volume,) = [v for v in downloader["volumes"]
+                 if isinstance(v, dict) and v["target"] == spool]
+    assert volume["type"] == "volume" and "source" not in volume
+
+
+def test_a_plain_up_starts_no_download_worker_and_no_minio(config):
+    for name, service in config["services"].items():
+        if name in MEDIA_PROFILE_SERVICES or "minio" in service.get("image", ""):
+            assert service.get("profiles") == ["media"], name
+    assert check(parse("--profile media up -d".split()), config) == []
+    assert check(parse("--profile media up -d --scale downloader=3".split()), config) == []
+
+
+def test_minio_is_pinned_published_on_loopback_only_and_has_no_default_password(
+        config, tmp_path):
+    minio = config["services"]["minio"]
+    assert re.fullmatch(r"minio/minio:RELEASE\.\d{4}-\d\d-\d\dT\d\d-\d\d-\d\dZ",
+                        minio["image"])
+    assert re.fullmatch(r"minio/mc:RELEASE\.[\dTZ-]+", config["services"]["minio-bucket"][
+        "image"])
+    assert minio["command"] == ["server", "/data", "--console-address", ":9001"]
+    assert "minio-data:/data:rw" in minio["volumes"]
+    assert minio["healthcheck"]["test"] == ["CMD", "mc", "ready", "local"]
+    assert minio["ports"] and all(p.startswith("127.0.0.1:") for p in minio["ports"])
+    assert {p.rsplit(":", 1)[1] for p in minio["ports"]} == {"9000/tcp", "9001/tcp"}
+    # The password comes from .env or compose refuses: there is no default to fall back on.
+    override = (REPO_ROOT / "docker-compose.override.yml").read_text()
+    uses = re.findall(r"\$\{(MINIO_ROOT_(?:USER|PASSWORD))([^}]*)\}", override)
+    assert uses and all(rest.startswith(":?") for _, rest in uses), uses
+    without = {k: v for k, v in env_example().items() if k != "MINIO_ROOT_PASSWORD"}
+    refused = compose_config(tmp_path, without, "media")
+    assert refused.returncode != 0 and "MINIO_ROOT_PASSWORD" in refused.stderr
+
+
 # -- Swarm: docker-compose.yml alone -------------------------------------------------------------
 
 def stack_deploy_files(text: str) -> list[list[str]]:
@@ -381,6 +436,13 @@ def test_the_swarm_file_uses_only_what_docker_stack_deploy_accepts(tmp_path):
         assert constraints == ["node.labels.fleet.data == true"], name
     result = compose_config(tmp_path, env_example(), files=("docker-compose.yml",))
     assert result.returncode == 0, result.stderr
+    # The download workers are in the stack, none running unless MEDIA_REPLICAS says so (as
+    # RENDER_REPLICAS); MinIO is compose's only (a Swarm stack names its own S3).
+    swarm = yaml.safe_load(result.stdout)["services"]
+    assert (swarm["downloader"]["deploy"]["replicas"], swarm["renderer"]["deploy"]["replicas"]) \
+        == (0, 0)
+    assert not {"minio", "minio-bucket"} & set(swarm)
+    assert swarm["downloader"]["command"] == ["python", "worker.py", "--media"]
 
 
 def _docker_with_stack_config() -> str:
@@ -404,7 +466,8 @@ def test_docker_stack_deploy_reads_the_compose_file(tmp_path):
     assert result.returncode == 0, result.stderr
     stack = yaml.safe_load(result.stdout)
     assert set(stack["services"]) == {"rabbitmq", "redis", "scraper", "sink", "scheduler",
-                                     "api", "renderer"}
+                                     "api", "renderer", "downloader"}
+    assert stack["services"]["downloader"]["deploy"]["replicas"] == 0
     # No render workers unless asked (RENDER_REPLICAS): a stack without the render image.
     assert stack["services"]["renderer"]["deploy"]["replicas"] == 0
     assert all("ports" not in s for s in stack["services"].values())
@@ -429,7 +492,7 @@ def test_only_the_workers_metrics_listen_beyond_loopback_and_only_on_the_compose
     # the healthchecks of the scrapers and the render workers ask /healthz there.
     for name, service in config["services"].items():
         env = service.get("environment") or {}
-        if name in {"scraper", "renderer"}:
+        if name in {"scraper", "renderer", "downloader"}:
             assert env["METRICS_HOST"] == "0.0.0.0" and env["METRICS_PORT"] == "9100"
             assert "ports" not in service  # reached over the compose network, never published
         else:  # unless .env sets them: the defaults, loopback and off
@@ -441,5 +504,8 @@ def test_the_passwords_env_example_ships_are_placeholders_the_fleet_refuses():
     for variable in ("RABBITMQ_PASSWORD", "REDIS_PASSWORD"):
         with pytest.raises(ConfigError, match=f"{variable} holds a placeholder password"):
             load_settings({variable: shipped[variable]})
+    # The others are no fleet setting; each is a placeholder all the same.
+    for variable in ("GRAFANA_ADMIN_PASSWORD", "POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD"):
+        assert shipped[variable].startswith("change-me-"), variable
     real = {k: "r3al-" + k.lower() for k in shipped if k.endswith("_PASSWORD")}
     assert load_settings({**shipped, **real}).redis_password == real["REDIS_PASSWORD"]

@@ -20,7 +20,7 @@ from devtools import compose_env
 from tests.helpers import compose_config, env_example
 
 #: Services running the fleet's image, in docker-compose.yml and in the override.
-LONG_RUNNING = ("scraper", "sink", "scheduler", "api", "renderer")
+LONG_RUNNING = ("scraper", "sink", "scheduler", "api", "renderer", "downloader")
 TOOLS = ("producer", "sitemap_producer", "tools", "sink-postgres")
 #: Real passwords (the fleet refuses .env.example's placeholders).
 PASSWORDS = {"RABBITMQ_PASSWORD": "r3al-rabbit", "REDIS_PASSWORD": "r3al-redis",
@@ -84,9 +84,12 @@ def test_settings_env_leaves_out_keep_their_defaults(services):
                        "rabbitmq_user", "rabbitmq_password", "redis_password", "worker_id",
                        "connect_retry_s", "archive_dir", "metrics_host", "metrics_port",
                        "postgres_url", "log_level", "api_host", "api_port"}
+    # The download workers' store: MinIO of the media profile, a spool on their own volume.
+    store = {"media_store", "s3_endpoint_url", "media_spool_dir"}
     for name in (*LONG_RUNNING, *TOOLS):
         settings = settings_of(services[name])
-        changed = {k.attr for k in KNOBS if k.attr not in compose_decides
+        decided = compose_decides | (store if name == "downloader" else set())
+        changed = {k.attr for k in KNOBS if k.attr not in decided
                    and getattr(settings, k.attr) != getattr(defaults, k.attr)}
         assert changed == set(), name
 
@@ -137,3 +140,24 @@ def test_the_control_plane_listens_on_its_container_address_published_on_loopbac
         "rabbitmq": "service_healthy", "redis": "service_healthy"}
     for name, service in services.items():  # every other published port: loopback too
         assert all(p.startswith("127.0.0.1:") for p in service.get("ports", [])), name
+
+
+def test_download_workers_store_into_the_media_profiles_minio_unless_env_names_another(
+        services, tmp_path):
+    downloader = settings_of(services["downloader"])
+    assert (downloader.media_store, downloader.s3_endpoint_url) == ("s3://assets",
+                                                                    "http://minio:9000")
+    assert downloader.media_spool_dir == "/data/spool"
+    env = services["downloader"]["environment"]
+    # MinIO's account is the workers' S3 credentials, which the S3 client reads itself.
+    shipped = env_example()
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == (
+        shipped["MINIO_ROOT_USER"], shipped["MINIO_ROOT_PASSWORD"])
+    assert not any(k.startswith("AWS_") for k in services["scraper"]["environment"])
+    # Only the download workers get the store's address; the others keep the default.
+    assert settings_of(services["scraper"]).media_store == Settings().media_store
+    elsewhere = render(tmp_path, MEDIA_STORE="s3://catalogue/shop",
+                       S3_ENDPOINT_URL="https://s3.eu-west-1.amazonaws.com")
+    told = settings_of(elsewhere["downloader"])
+    assert (told.media_store, told.s3_endpoint_url) == ("s3://catalogue/shop",
+                                                        "https://s3.eu-west-1.amazonaws.com")

@@ -34,7 +34,7 @@ from devtools.api_reference import api_reference
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = REPO_ROOT / "docs" / "reference"
 #: Rooms of ``common/`` in the order a URL meets them (lowest floor first).
-ROOMS = ("core", "broker", "store", "web", "intake", "jobs", "work", "sink", "ops", "api")
+ROOMS = ("core", "broker", "store", "web", "intake", "jobs", "work", "media", "sink", "ops", "api")
 #: Top-level folders beside ``common/`` and what they hold.
 SUPPORT = {
     "scrape_fleet/": "the public API your handlers, pipelines and sinks import (`Router`, "

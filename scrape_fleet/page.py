@@ -8,6 +8,7 @@ from typing import Any
 
 from parsel import Selector, SelectorList
 
+from common.core.media_types import media_request
 from scrape_fleet.request import Request
 
 __all__ = ["ContentFunction", "Page"]
@@ -114,3 +115,24 @@ class Page:
         """
         return Request.build(self.url, urls, handler=handler, priority=priority, meta=meta,
                              headers=headers, render=render)
+
+    def download(self, urls: str | Iterable[str | None] | None, kind: str = "image", *,
+                 types: str | Iterable[str] | None = None, priority: bool = False,
+                 meta: Mapping[str, Any] | None = None) -> Request:
+        """A request to download ``urls`` as assets (images, PDFs, videos...) and store each
+        once by its content hash (docs/media.md), to yield or return from a handler.
+
+        Args:
+            urls: a URL, a list, or a selector's ``.getall()`` (relative ones resolve against
+                :attr:`url`; None and "" are skipped).
+            kind: ``image``, ``document``, ``video``, ``audio`` or ``file``: what they are.
+            types: media types they may be (``"image/*"``, ``["application/pdf"]``); default:
+                the kind's, within the fleet's MEDIA_TYPES.
+            priority: download them before other assets.
+            meta: a JSON-serialisable dict (at most 4 KiB) kept in their asset records.
+
+        Raises:
+            ValueError, TypeError: a bad kind, type or meta.
+        """
+        return Request.build(self.url, urls, priority=priority, meta=meta,
+                             media=media_request(kind, types))

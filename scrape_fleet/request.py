@@ -36,6 +36,8 @@ class Request:
         headers: extra request headers for their fetches.
         render: load their pages in a browser (a render worker): true, or
             ``{"wait_for": CSS, "scroll": N}`` (docs/rendering.md); False: as routing decides.
+        media: they are assets to download and store (``page.download``: ``{"kind": ...,
+            "types": [...]}``, docs/media.md), not pages; None: pages.
     """
 
     urls: tuple[str, ...]
@@ -44,12 +46,14 @@ class Request:
     meta: Mapping[str, Any] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
     render: Any = False
+    media: Mapping[str, Any] | None = None
 
     @classmethod
     def build(cls, base_url: str, urls: str | Iterable[str | None] | None, *,
               handler: str | None = None, priority: bool = False,
               meta: Mapping[str, Any] | None = None,
-              headers: Mapping[str, str] | None = None, render: Any = False) -> Request:
+              headers: Mapping[str, str] | None = None, render: Any = False,
+              media: Mapping[str, Any] | None = None) -> Request:
         """A checked request; ValueError or TypeError saying what is wrong.
 
         Args:
@@ -80,7 +84,8 @@ class Request:
         options = parse_render(render)  # ValueError: not true, false or options
         return cls(tuple(resolved), handler, bool(priority), meta,
                    check_headers(dict(headers or {})),
-                   options.to_message() if options is not None else False)
+                   options.to_message() if options is not None else False,
+                   dict(media) if media is not None else None)
 
     def wire(self) -> dict[str, Any]:
         """As the child process sends it to the worker (JSON)."""
@@ -88,4 +93,6 @@ class Request:
                 "meta": dict(self.meta), "headers": dict(self.headers)}
         if self.render:
             wire["render"] = self.render  # only when asked: the wire of a plain follow as before
+        if self.media is not None:
+            wire["media"] = dict(self.media)
         return wire

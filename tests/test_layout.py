@@ -28,9 +28,10 @@ MAY_IMPORT = {
     "intake": {"core", "broker", "store", "web"},
     "jobs": {"core", "broker", "store", "web", "intake"},
     "work": {"core", "broker", "store", "web", "intake", "jobs"},
+    "media": {"core", "broker", "store", "web", "intake", "jobs", "work"},
     "sink": {"core", "store"},
-    "ops": {"core", "broker", "store", "web", "intake", "jobs", "work", "sink"},
-    "api": {"core", "broker", "store", "web", "intake", "jobs", "work", "sink", "ops"},
+    "ops": {"core", "broker", "store", "web", "intake", "jobs", "work", "media", "sink"},
+    "api": {"core", "broker", "store", "web", "intake", "jobs", "work", "media", "sink", "ops"},
 }
 MAX_MODULE_LINES = 350
 MAX_ENTRY_SCRIPT_LINES = 120

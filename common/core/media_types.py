@@ -10,6 +10,7 @@ then family, then ``*``). Shared by the settings, the rules' ``media:``, the han
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from common.core.values import parse_size
 
@@ -24,6 +25,24 @@ KINDS: dict[str, tuple[str, ...]] = {
     "audio": ("audio/*",),
     "file": ("*",),
 }
+
+
+def media_request(kind: Any, types: Any) -> dict[str, Any]:
+    """The ``media`` field of a handler's ``page.download`` (without its page): ``kind`` and
+    the ``types`` it narrows MEDIA_TYPES to (None: the kind's).
+
+    Raises:
+        ValueError: a kind that is not one of KINDS, or a bad type.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r:.80}")
+    field: dict[str, Any] = {"kind": kind}
+    if types is not None:
+        types = [types] if isinstance(types, str) else list(types)
+        if not types:
+            raise ValueError("types: name at least one media type")
+        field["types"] = [check_pattern(t) for t in types]
+    return field
 
 
 def media_type_of(content_type: str | None) -> str:

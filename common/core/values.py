@@ -248,3 +248,8 @@ def parse_size(text: str) -> int:
     if unit is None or (size := math.ceil(float(match[1]) * unit)) < 1:
         raise ValueError(f"expected a size like 5000, 64KiB, 10MB or 2GiB, got {text!r}")
     return size
+
+
+def non_negative_size(text: str) -> int:
+    """:func:`parse_size`, or ``0`` (none)."""
+    return 0 if text.strip() == "0" else parse_size(text)

@@ -244,7 +244,6 @@ class Producer:
             summary.over_budget += verdicts.count(False)
             unpublished = [item for item, ok in zip(accepted, verdicts, strict=True) if not ok]
             accepted = [item for item, ok in zip(accepted, verdicts, strict=True) if ok]
-
         summary.invalid = len(invalid)
         for raw, reason, _fields in invalid:
             logger.warning("invalid URL %r: %s", raw[:200], reason)

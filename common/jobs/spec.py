@@ -28,6 +28,7 @@
       login: {url: https://shop.example/login, fields: {user: me, password: {env: SHOP_PW}}}
     proxies: {urls: [http://proxy.example:3128], rotation: session}   # or false: direct
     render: auto                      # RENDER: off, auto or always (true/false: always/off)
+    media: {types: [image/*], quota: 2GB, prefix: shop/}   # its assets (docs/media.md)
     settings: {MAX_RECORD_BYTES: "131072"}   # other per-job settings (JOB_KNOBS)
 
 :func:`parse_job` turns the mapping into a :class:`JobSpec` or raises :class:`BadJob` naming
@@ -84,6 +85,7 @@ JOB_KNOBS = frozenset({
     "RECORD_MAX_LINKS", "RULES_REGEX_TIMEOUT_S", "HANDLER_TIMEOUT_S", "MAX_WAIT_S",
     "COOKIES_ENABLED", "SESSION_POOL_SIZE", "SESSION_RETIRE_STATUSES", "SESSION_MAX_RETIRES",
     "SESSION_MAX_USES", "SESSION_LOGIN", "PROXY_URLS", "PROXY_ROTATION", "RENDER",
+    "MEDIA_TYPES", "MEDIA_MAX_BYTES", "MEDIA_QUOTA_BYTES", "MEDIA_PREFIX",
 })
 #: Knobs whose values ``job show`` must not print as stored (credentials in proxy URLs).
 SECRET_KNOBS = frozenset({"PROXY_URLS"})
@@ -93,7 +95,11 @@ NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 DEFAULT_JOB = "default"
 PRIORITIES = ("normal", "high")
 _TOP = {"name", "seeds", "crawl", "rules", "handlers", "politeness", "priority", "limits",
-        "schedule", "webhooks", "settings", "description", "session", "proxies", "render"}
+        "schedule", "webhooks", "settings", "description", "session", "proxies", "render",
+        "media"}
+#: A job's ``media`` keys and the settings they set (docs/media.md).
+MEDIA_FIELDS = {"types": "MEDIA_TYPES", "max_bytes": "MEDIA_MAX_BYTES",
+                "quota": "MEDIA_QUOTA_BYTES", "prefix": "MEDIA_PREFIX"}
 
 
 @dataclass(frozen=True)
@@ -201,6 +207,13 @@ def parse_job(data: Any, *, base_dir: str = ".", max_url_length: int = 2048) -> 
         render = top["render"]
         knobs["RENDER"] = (("always" if render else "off") if isinstance(render, bool)
                            else _scalar_text(render, "render"))
+    for key, value in _mapping(top.get("media") or {}, "media").items():
+        if key not in MEDIA_FIELDS:
+            raise BadJob(f"media.{key}", f"unknown: one of {', '.join(MEDIA_FIELDS)}")
+        knobs[MEDIA_FIELDS[key]] = (  # a list of types; caps as {type: size}
+            ",".join(map(str, value)) if isinstance(value, list) else ",".join(
+                f"{k}={v}" for k, v in value.items()) if isinstance(value, dict)
+            else _scalar_text(value, f"media.{key}"))
     priority = top.get("priority", "normal")
     if priority not in PRIORITIES:
         raise BadJob("priority", f"expected one of {', '.join(PRIORITIES)}, got {priority!r}")
@@ -235,7 +248,7 @@ _FIELD_OF = {"CRAWL_ENABLED": "crawl", "CRAWL_MAX_DEPTH": "crawl.max_depth",
              "HANDLERS": "handlers", "ROBOTS_ENABLED": "politeness.robots",
              **{env: f"session.{key}" for key, env in SESSION_FIELDS.items()},
              "PROXY_URLS": "proxies.urls", "PROXY_ROTATION": "proxies.rotation",
-             "RENDER": "render"}
+             "RENDER": "render", **{env: f"media.{key}" for key, env in MEDIA_FIELDS.items()}}
 
 
 def _where(env: str, given: Mapping[str, Any]) -> str:

@@ -7,5 +7,6 @@ media requests: work messages with a ``media`` field, fingerprinted apart from p
 each through the pages' own steps for politeness (robots.txt, the domain's rate limit, shared
 with its pages), streams it to a spool file under its type's cap (download.py), stores it once
 by content hash (store.py) and appends its asset record to the ``assets`` stream.
-May import: common.core, common.broker, common.store, common.web, common.work, common.intake.
+May import: ``common.core``, ``common.broker``, ``common.store``, ``common.web``, ``common.intake``,
+``common.jobs``, ``common.work`` (the download worker runs the pages' own steps for politeness).
 """

@@ -6,7 +6,8 @@ with the same rules gives the same ``data``. What it does, in order:
 
 1. the base record (:func:`common.work.record.fetch_record`);
 2. for an HTML body, one parse (:func:`common.work.parse.parse_html`) whose tree is handed to
-   the first matching extraction rule (EXTRACT_RULES), then to the user's code (HANDLERS's
+   the first matching extraction rule (EXTRACT_RULES) and its media references
+   (:mod:`common.work.media_refs`), then to the user's code (HANDLERS's
    router or EXTRACTOR, :mod:`common.work.user_extractor`), then — in crawl mode — to the
    follow rules' link reader (:mod:`common.work.follow`);
 3. the page's fields into the record (:func:`common.work.record.add_page`).
@@ -34,6 +35,7 @@ from common.core.config import Settings
 from common.web.fetch import FetchResult
 from common.work.extract import Extractor
 from common.work.follow import FollowPlan, LinkMarks
+from common.work.media_refs import collect as collect_media
 from common.work.parse import NotHTML, is_html, parse_html
 from common.work.poison import Progress
 from common.work.record import add_page, fetch_record
@@ -51,6 +53,7 @@ class PageRead:
     follow: FollowPlan | None = None  # None: crawl mode is off, or the page is not HTML
     call: Call | None = None  # the user code's call on this page (its follow requests)
     regex_timed_out: bool = False  # a rule's regex ran out of RULES_REGEX_TIMEOUT_S
+    media: list[dict[str, Any]] | None = None  # its rule's media request groups (media_refs.py)
 
     @property
     def counters(self) -> dict[str, int]:
@@ -155,6 +158,9 @@ class PageReader:
             hooks.append(lambda _root, _base: progress.enter("extract"))
         if rule is not None:
             hooks.append(self.extractor.on_tree(record, rule, budget))
+        if rule is not None and rule.media:  # the assets it references, on the same tree
+            media = read.media = []
+            hooks.append(lambda root, base: media.extend(collect_media(rule.media, root, base)))
         if call is not None:
             hooks.append(call.on_tree)
         marks = None

@@ -16,6 +16,7 @@ loads) or inline JSON. Top level: a list of rules, or ``{"rules": [...]}``. A ru
     proxies: [http://p:3128]  # its pages go through these proxies; false: direct
     render: true            # its pages are rendered in a browser (docs/rendering.md); or
                             # {wait_for: CSS, scroll: N, when_missing: CSS}; false: never
+    media: {css: "img::attr(src)", kind: image, types: [image/*]}  # assets (docs/media.md)
 
 At least one of host/path/url; every one given must match; the first matching rule wins.
 A FIELD is a CSS selector string (its text), or a mapping: ``css`` or ``xpath``; ``get``
@@ -25,11 +26,10 @@ url); ``format`` (strptime, for a date); ``default``. ``get: main_text`` / ``mar
 (:mod:`common.work.content`, docs/content.md): the page's main content, boilerplate removed,
 or with ``css``/``xpath`` the first selected element's; only ``default`` may go with it, and
 not in ``items``. ``cookies`` and ``proxies`` are read before the fetch (the first rule matching
-the URL decides, as for extraction), only when some rule has one. ``follow`` (crawl mode; :mod:`common.work.follow` says what each key does):
-``false`` follows nothing from the rule's pages. A rule may have only ``follow`` or
-``handler``. Selectors and regexes are compiled here (:mod:`common.work.rules_compile`), so
-a page never pays for compiling and a typo stops the worker at once. Any error is a
-:class:`ConfigError` naming the rule and the field.
+the URL decides, as for extraction), only when some rule has one. ``follow`` (crawl mode;
+:mod:`common.work.follow`): ``false`` follows nothing. Fields are optional beside follow,
+handler, media. Selectors and regexes are compiled here (:mod:`common.work.rules_compile`):
+a typo stops the worker at once. Any error is a :class:`ConfigError` naming the rule, field.
 
 User regexes (``path``, ``url``, a field's ``regex``, ``allow``/``deny``) are compiled with the
 ``regex`` module and searched within the page's time budget: :mod:`common.work.user_regex`.
@@ -50,6 +50,7 @@ import yaml
 from common.core.errors import ConfigError
 from common.core.render_options import RenderOptions
 from common.core.urls import setting_host
+from common.work.media_refs import MediaSpec, compile_media
 from common.work.rules_compile import compile_css as _css
 from common.work.rules_compile import compile_proxies as _proxies
 from common.work.rules_compile import compile_regex as _regex
@@ -60,7 +61,7 @@ from scrape_fleet.request import HANDLER_NAME
 
 TYPES = ("str", "int", "float", "decimal", "date", "bool", "url")
 RULE_KEYS = {"name", "host", "path", "url", "fields", "items", "follow", "handler", "cookies",
-             "proxies", "render"}
+             "proxies", "render", "media"}
 FIELD_KEYS = {"css", "xpath", "get", "many", "regex", "group", "type", "format", "default"}
 ITEMS_KEYS = {"selector", "css", "xpath", "fields", "name"}
 FOLLOW_KEYS = {"allow", "deny", "css", "xpath", "nofollow", "depth", "priority", "domains"}
@@ -121,6 +122,7 @@ class Rule:
     proxies: tuple[str, ...] | None = None  # its pages' proxies; (): direct; None: the job's
     render: RenderOptions | bool | None = None  # False: never; None: RENDER decides
     render_missing: str | None = None  # render.when_missing's XPath (the adaptive check)
+    media: tuple[MediaSpec, ...] = ()  # the assets its pages reference (common/work/media_refs.py)
 
     def matches(self, url: str, host: str, path: str, budget: RegexBudget | None = None
                 ) -> bool:
@@ -194,8 +196,7 @@ def _rule(spec: Any, n: int) -> Rule:
     if not any(spec.get(key) for key in ("host", "path", "url")):
         raise ConfigError(f"EXTRACT_RULES {where}: needs a matcher: host, path or url")
     host = spec.get("host")
-    if host is not None:
-        host = _host(host if isinstance(host, str) else "", where, "host")
+    host = None if host is None else _host(host if isinstance(host, str) else "", where, "host")
     handler = spec.get("handler")
     if handler is not None and not (isinstance(handler, str) and HANDLER_NAME.fullmatch(handler)):
         raise ConfigError(f"EXTRACT_RULES {where} handler: expected a name like product_page "
@@ -203,16 +204,17 @@ def _rule(spec: Any, n: int) -> Rule:
     if "cookies" in spec and not isinstance(spec["cookies"], bool):
         raise ConfigError(f"EXTRACT_RULES {where} cookies: expected true or false")
     fields = _fields(spec.get("fields"), where, required=spec.get("items") is None
-                     and not {"follow", "cookies", "proxies", "render"} & set(spec)
+                     and not {"follow", "cookies", "proxies", "render", "media"} & set(spec)
                      and handler is None)
     items = _items(spec["items"], where) if spec.get("items") is not None else None
     follow = _follow(spec["follow"], where) if "follow" in spec else None
     render, render_missing = _render(spec["render"], where) if "render" in spec else (None, None)
+    media = compile_media(spec["media"], where, _css, _xpath) if "media" in spec else ()
     return Rule(name=name, host=host, path=_regex(spec.get("path"), where, "path"),
                 url=_regex(spec.get("url"), where, "url"), fields=fields, items=items,
                 follow=follow, handler=handler, cookies=spec.get("cookies"),
                 proxies=_proxies(spec["proxies"], where) if "proxies" in spec else None,
-                render=render, render_missing=render_missing)
+                render=render, render_missing=render_missing, media=media)
 
 
 def _follow(spec: Any, where: str) -> Follow:

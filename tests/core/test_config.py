@@ -101,7 +101,7 @@ def test_passwords_and_urls_are_the_knobs_marked_secret():
                                                   "REDIS_SENTINEL_PASSWORD"}
     assert {k.env for k in KNOBS if k.url} == {"RABBITMQ_URL", "RABBITMQ_URLS", "REDIS_URL",
                                                "RABBITMQ_MANAGEMENT_URL", "POSTGRES_URL",
-                                               "PROXY_URLS"}
+                                               "PROXY_URLS", "S3_ENDPOINT_URL"}
 
 
 def _secret_settings() -> Settings:

@@ -67,6 +67,13 @@ class MediaSettings(SettingsGroup):
         "Largest asset per type (`type=size`, most specific wins, `*` required). A larger "
         "Content-Length is refused before a byte is read; a body that grows past it is cut "
         "and its spool file removed (`fetch_too_large`).")
+    media_quota_bytes: int = setting(
+        "MEDIA_QUOTA_BYTES", values.non_negative_size, "0",
+        "Most bytes of assets a job's run may store (a job's `media.quota`); an asset past it "
+        "is refused (`media_quota`). 0: no quota.")
+    media_prefix: str = setting(
+        "MEDIA_PREFIX", values.text, "",
+        "Prefix of the keys assets are stored under (a job's `media.prefix`, e.g. `shop/`).")
     media_timeout_s: float = setting(
         "MEDIA_TIMEOUT_S", values.positive_float, "600",
         "Longest one download may take in all (each resumed part counts).")

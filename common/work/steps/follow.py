@@ -1,4 +1,6 @@
-"""Follow: the links the page gave, through the producer path, before its record is stored.
+"""Follow: the links the page gave, through the producer path, before its record is stored;
+and the assets it references (a rule's ``media``, a handler's ``page.download``) to the media
+queues, claimed for the page the same way (common/work/media_refs.py).
 
 Crawl mode's follow rules (CRAWL_ENABLED) and the user code's follow requests (HANDLERS,
 EXTRACTOR) go through crawl mode's :class:`~common.intake.crawl.LinkFollower`: scope,
@@ -22,6 +24,7 @@ from common.core.config import Settings
 from common.intake.crawl import LinkFollower, ThreadProducers
 from common.jobs.registry import JobRef
 from common.work.job_book import JobBook
+from common.work.media_refs import request_media
 from common.work.outcome import Outcome
 from common.work.redirects import scope_of
 from common.work.steps.trip import Trip
@@ -40,7 +43,8 @@ class Follow:
     @staticmethod
     def follower_for(settings: Settings, client: redis.Redis) -> LinkFollower | None:
         """The worker's link follower: crawl mode and user code's follow requests need one."""
-        if settings.crawl_enabled or settings.handlers or settings.extractor:
+        if (settings.crawl_enabled or settings.handlers or settings.extractor
+                or settings.extract_rules.strip()):  # a rule's media (common/work/media_refs.py)
             return LinkFollower(settings, client)
         return None
 
@@ -49,12 +53,14 @@ class Follow:
         read, message = trip.read, trip.message
         trip.progress.enter("record")
         follower = self.follower
-        if trip.job is not None and self.jobs is not None and (read.follow is not None or read.call):
+        if trip.job is not None and self.jobs is not None and (
+                read.follow is not None or read.call or read.media):
             follower = self.job_follower(trip.job)
         plan = read.follow if follower is not None else None
-        if plan is None and not read.call:
+        if plan is None and not read.call and not read.media:
             return None
         token = trip.token  # the page's claims on the links it publishes
+        self.request_media(trip, follower, token)
         if read.call:  # the user code's follow requests (common/work/user_extractor.py), first:
             # in crawl mode the same links are in the plan too, without their handler and meta
             read.call.enqueue(follower, message.depth, trip.rules, token)
@@ -65,6 +71,22 @@ class Follow:
             if followed is not None:
                 read.record["followed"] = followed.new
         return None
+
+    @staticmethod
+    def request_media(trip: Trip, follower: LinkFollower | None, token: str) -> None:
+        """Publish the assets the page references (its rule's ``media``, its handler's
+        ``page.download``) to the media queues; their URLs go into its record (``assets``),
+        how many were new too (``assets_new``): the asset records name the page back."""
+        read = trip.read
+        groups = list(read.media or ())
+        if read.call is not None and any(g.get("media") for g in read.call.follow):
+            groups += [g for g in read.call.follow if g.get("media")]
+            read.call.follow = [g for g in read.call.follow if not g.get("media")]
+        if not groups or follower is None:
+            return
+        read.record["assets"] = [url for group in groups for url in group["urls"]]
+        read.record["assets_new"] = request_media(follower, trip.response.final_url, groups,
+                                                  trip.message.depth, token)
 
     def job_follower(self, job: JobRef) -> LinkFollower:
         """The follower of ``job``'s pages: its crawl settings, its run."""

@@ -127,6 +127,7 @@ class Downloader:
         Raises:
             FetchError: ``kind`` timeout, connection (transient), or blocked, type_refused,
                 too_large, too_many_redirects, bad_redirect, headers_too_large, invalid.
+            OSError: the spool file could not be made or written (the worker's disk).
         """
         directory = spool_dir or self.settings.media_spool_dir or None
         handle = self._take()
@@ -185,6 +186,8 @@ class Downloader:
             if error is not None:
                 error.sent_at = sent_at
                 raise error
+            if stop == "spool_failed":  # not the site's fault: no FetchError kind
+                raise OSError(transfer.detail)
             if stop in _FAILED_STOPS:
                 raise FetchError(f"{redact_url(current)}: {transfer.detail}",
                                  kind=_FAILED_STOPS[stop], sent_at=sent_at)

@@ -15,7 +15,8 @@ download decides once its headers are in, before libcurl reads a byte of the bod
 
 The write callback appends to the spool file and the running sha256 a chunk at a time, so a
 body is never held in memory; one growing past the cap (no Content-Length, or a lying one) is
-stopped at the cap, ``too_large``. The download (common/media/download.py) owns the spool file
+stopped at the cap, ``too_large``; a spool file that cannot be written stops it,
+``spool_failed``. The download (common/media/download.py) owns the spool file
 and the resume decisions; this module only records what it saw in :attr:`MediaTransfer.stop`.
 """
 
@@ -156,7 +157,12 @@ class MediaTransfer(Transfer):
             self.stop = "invalid"
             self.detail = "the download ended"
             return _ABORT
-        spool.write(chunk)
+        try:
+            spool.write(chunk)
+        except OSError as exc:  # the spool disk is full or gone: the worker's problem
+            self.stop = "spool_failed"
+            self.detail = f"writing the spool file failed: {exc}"
+            return _ABORT
         self.hasher.update(chunk)
         self.written += len(chunk)
         return None

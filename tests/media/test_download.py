@@ -207,11 +207,11 @@ class BreakingServer:
     """Answers each request with the next of ``answers`` (raw bytes) and closes the connection:
     an answer shorter than its Content-Length is a transfer cut midway."""
 
-    def __init__(self, answers: list[bytes]) -> None:
-        self.answers = answers
+    def __init__(self, answers: list[bytes] | Callable[[int], list[bytes]]) -> None:
         self.requests: list[bytes] = []
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+        self.answers = answers(self.port) if callable(answers) else answers
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -264,3 +264,21 @@ def test_a_break_without_ranges_fails_as_a_transient_connection_error_and_remove
         server.close()
     assert error.kind == "connection" and error.transient
     assert list(spool.iterdir()) == []
+
+
+def test_a_redirect_target_loses_its_credentials_before_it_is_requested(
+        spool: Path, make_downloader: Callable[..., Downloader]) -> None:
+    server = BreakingServer(lambda port: [
+        b"HTTP/1.1 302 Found\r\nLocation: http://user:secret@localhost:%d/b.pdf\r\n"
+        b"Content-Length: 0\r\nConnection: close\r\n\r\n" % port,
+        _head("200 OK", len(BODY)) + BODY])
+    try:
+        got = make_downloader().download(f"http://localhost:{server.port}/a.pdf",
+                                         types=("application/pdf",), spool_dir=spool)
+    finally:
+        server.close()
+    assert got.final_url == f"http://localhost:{server.port}/b.pdf" and got.size == len(BODY)
+    assert server.requests[1].startswith(b"GET /b.pdf ")
+    assert b"authorization" not in server.requests[1].lower()
+    assert got.path is not None
+    got.path.unlink()

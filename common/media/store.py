@@ -43,8 +43,18 @@ TEMP_SUFFIX = ".part"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _META_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 _EXTENSION = re.compile(r"\.[a-z0-9]{1,10}")
-#: Python's built-in table only, not the host's /etc/mime.types: every worker, whatever its
-#: image, gives the same bytes and type the same key.
+#: The extension of the usual media types, pinned: Python's own table changes between
+#: versions (3.11 has no image/webp) and a key must not. Other types: Python's built-in table,
+#: never the host's /etc/mime.types, so every worker, whatever its image, agrees.
+_PINNED = {
+    "image/jpeg": "jpg", "image/png": "png", "image/gif": "gif", "image/webp": "webp",
+    "image/avif": "avif", "image/svg+xml": "svg", "image/x-icon": "ico",
+    "image/vnd.microsoft.icon": "ico", "image/bmp": "bmp", "image/tiff": "tiff",
+    "image/heic": "heic", "video/mp4": "mp4", "video/webm": "webm", "video/quicktime": "mov",
+    "video/ogg": "ogv", "video/x-matroska": "mkv", "video/mpeg": "mpg", "audio/mpeg": "mp3",
+    "audio/mp4": "m4a", "audio/ogg": "ogg", "audio/opus": "opus", "audio/wav": "wav",
+    "audio/x-wav": "wav", "audio/flac": "flac", "audio/aac": "aac", "audio/webm": "weba",
+    "application/pdf": "pdf", "application/zip": "zip", "application/json": "json"}
 _TYPES = mimetypes.MimeTypes()
 #: Printable ASCII stays as it is (a URL's own %XX too); the rest is percent-encoded.
 _PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))
@@ -86,7 +96,8 @@ def asset_key(sha256: str, content_type: str, prefix: str = "") -> str:
     if not _SHA256.fullmatch(sha256):
         raise ValueError(f"not a sha256 hex digest: {sha256!r}")
     media_type = content_type.split(";", 1)[0].strip().lower()
-    extension = (_TYPES.guess_extension(media_type) or "") if media_type else ""
+    extension = (f".{_PINNED[media_type]}" if media_type in _PINNED
+                 else (_TYPES.guess_extension(media_type) or "") if media_type else "")
     if not _EXTENSION.fullmatch(extension):
         extension = ""
     return f"{prefix}sha256/{sha256[:2]}/{sha256[2:4]}/{sha256}{extension}"

@@ -36,6 +36,8 @@ from tests.helpers import REPO_ROOT, require_tool
 K8S = REPO_ROOT / "deploy" / "k8s"
 SCHEMAS = K8S / "schemas"
 OVERLAYS = ("local", "prod")
+#: Variables the S3 client reads itself (the download workers' keys): never a fleet setting.
+S3_CLIENT_VARIABLES = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 #: The oldest Kubernetes the manifests are written for, and the newest the validator knows.
 K8S_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
 POD_KINDS = {"Deployment", "StatefulSet", "Job", "CronJob"}
@@ -135,6 +137,8 @@ def test_both_overlays_render_every_part_of_the_fleet(rendered):
         assert {("Namespace", "scrape-fleet"), ("RabbitmqCluster", "rabbitmq"),
                 ("StatefulSet", "redis"), ("Deployment", "scraper"), ("ScaledObject", "scraper"),
                 ("Deployment", "renderer"), ("ScaledObject", "renderer"),
+                ("Deployment", "downloader"), ("ScaledObject", "downloader"),
+                ("ConfigMap", "media-store"),
                 ("Job", "producer"), ("CronJob", "sitemap-producer"), ("Deployment", "sink"),
                 ("PersistentVolumeClaim", "sink-files")} <= kinds, overlay
         assert all(d["metadata"].get("namespace") == "scrape-fleet"
@@ -230,7 +234,7 @@ def test_every_fleet_pod_is_non_root_with_a_read_only_root_and_no_capabilities(r
 # -- credentials and settings ---------------------------------------------------------------
 
 def test_credentials_come_from_secrets_and_never_from_the_manifests(rendered):
-    secret_name = re.compile(r"PASSWORD|AUTH|SECRET|TOKEN")
+    secret_name = re.compile(r"PASSWORD|AUTH|SECRET|TOKEN|ACCESS_KEY")
     for overlay, docs in rendered.items():
         for obj in (d for d in docs if d["kind"] in POD_KINDS):
             for container in _pod_spec(obj)["containers"]:
@@ -256,9 +260,12 @@ def test_every_setting_the_manifests_give_the_fleet_is_a_known_setting(rendered)
     for docs in rendered.values():
         config = _one(docs, "ConfigMap", "fleet-config")["data"]
         assert set(config) <= KNOWN_SETTINGS, set(config) - KNOWN_SETTINGS
+        store = _one(docs, "ConfigMap", "media-store")["data"]
+        assert set(store) <= KNOWN_SETTINGS, set(store) - KNOWN_SETTINGS
         for obj in (d for d in docs if d["kind"] in POD_KINDS and d["metadata"]["name"] != "redis"):
             for container in _pod_spec(obj)["containers"]:
-                unknown = set(_env(container)) - KNOWN_SETTINGS - {"SINCE_DAYS"}
+                unknown = (set(_env(container)) - KNOWN_SETTINGS - {"SINCE_DAYS"}
+                           - S3_CLIENT_VARIABLES)
                 assert not unknown, (obj["metadata"]["name"], unknown)
 
 
@@ -291,7 +298,8 @@ def test_every_process_finds_redis_through_the_sentinels_of_the_statefulset(rend
 
 @pytest.mark.parametrize(("workers", "queues", "fewest"), [
     ("scraper", topology.WORK_QUEUES, 1),  # one stays: it also consumes expired_urls
-    ("renderer", topology.RENDER_QUEUES, 0)])
+    ("renderer", topology.RENDER_QUEUES, 0),
+    ("downloader", topology.MEDIA_QUEUES, 0)])
 def test_keda_scales_each_kind_of_worker_on_ready_plus_unacked_of_its_own_queues(
         rendered, workers, queues, fewest):
     every_queue = {q.name for q in topology.QUEUES} | {topology.hold_name(level)
@@ -567,7 +575,8 @@ def test_every_overlay_has_the_four_network_policies(rendered):
     for docs in rendered.values():
         names = {d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"}
         assert names == {"redis", "rabbitmq", "scraper-metrics", "scraper-egress",
-                         "renderer-metrics", "renderer-egress"}
+                         "renderer-metrics", "renderer-egress", "downloader-metrics",
+                         "downloader-egress"}
 
 
 def test_rabbitmq_takes_amqp_from_the_fleets_pods_and_its_ui_port_from_keda_alone(rendered):
@@ -591,7 +600,7 @@ def test_rabbitmq_takes_amqp_from_the_fleets_pods_and_its_ui_port_from_keda_alon
         assert trigger["host"].endswith(":15672/")  # why KEDA is let in
 
 
-@pytest.mark.parametrize("workers", ["scraper", "renderer"])
+@pytest.mark.parametrize("workers", ["scraper", "renderer", "downloader"])
 def test_worker_metrics_are_reachable_from_the_monitoring_namespace_only(rendered, workers):
     for docs in rendered.values():
         spec = _policy(docs, f"{workers}-metrics")
@@ -604,7 +613,7 @@ def test_worker_metrics_are_reachable_from_the_monitoring_namespace_only(rendere
         assert _namespace_of(peer) == "monitoring" and set(peer) == {"namespaceSelector"}
 
 
-@pytest.mark.parametrize("workers", ["scraper", "renderer"])
+@pytest.mark.parametrize("workers", ["scraper", "renderer", "downloader"])
 def test_workers_reach_dns_the_fleet_and_public_addresses_but_no_private_range(rendered,
                                                                                workers):
     for docs in rendered.values():
@@ -619,10 +628,11 @@ def test_workers_reach_dns_the_fleet_and_public_addresses_but_no_private_range(r
         ip_rules = [rule for rule in spec["egress"] if any("ipBlock" in p for p in rule["to"])]
         assert all(not rule.get("ports") and all("ipBlock" in p for p in rule["to"])
                    for rule in ip_rules)
-        # Everything else is a pod selector: DNS, RabbitMQ's AMQP, Redis and its sentinels.
+        # Everything else is a pod selector: DNS, RabbitMQ's AMQP, Redis and its sentinels; the
+        # download workers' object store is a namespace's S3 port (the next test).
         allowed = {(tuple(sorted(_pods_of(peer).items())), port)
                    for rule in spec["egress"] for peer in rule["to"] if "ipBlock" not in peer
-                   for port in _ports(rule)}
+                   and _namespace_of(peer) != "minio" for port in _ports(rule)}
         assert allowed == {
             ((("k8s-app", "kube-dns"),), (53, "UDP")), ((("k8s-app", "kube-dns"),), (53, "TCP")),
             ((("app.kubernetes.io/name", "rabbitmq"),), (5672, "TCP")),
@@ -632,3 +642,70 @@ def test_workers_reach_dns_the_fleet_and_public_addresses_but_no_private_range(r
                if _pods_of(peer) == {"k8s-app": "kube-dns"}]
         assert all(peer.get("namespaceSelector") == {} for peer in dns)  # kube-system's pods
 
+
+# -- the download workers ---------------------------------------------------------------------
+
+def test_download_workers_run_the_plain_image_on_the_media_queues_with_a_disk_spool(rendered):
+    for docs in rendered.values():
+        downloader = _one(docs, "Deployment", "downloader")
+        pod = _pod_spec(downloader)
+        worker = _worker(docs, "downloader")
+        assert worker["command"] == ["python", "worker.py", "--media"]
+        assert worker["image"] == _worker(docs)["image"], "no browser: the scrapers' image"
+        env = _env(worker)
+        ports = {p["name"]: p["containerPort"] for p in worker["ports"]}
+        for probe in (worker["readinessProbe"], worker["livenessProbe"]):
+            assert probe["httpGet"]["path"] == "/healthz"
+            assert ports[probe["httpGet"]["port"]] == int(env["METRICS_PORT"]["value"])
+        assert env["METRICS_HOST"]["value"] == "0.0.0.0"
+        assert pod["terminationGracePeriodSeconds"] >= SHUTDOWN_GRACE_S + 10
+        assert "replicas" not in downloader["spec"], "KEDA owns it"
+        # Assets stream to the node's disk, not to memory: the spool is a plain emptyDir as
+        # large as WORKER_CONCURRENCY downloads at the largest cap.
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in worker["volumeMounts"]}
+        spool = volumes[mounts[env["MEDIA_SPOOL_DIR"]["value"]]]["emptyDir"]
+        assert "medium" not in spool
+        defaults = {knob.env: knob.default for knob in KNOBS}
+        largest_mib = max(_size_mib(cap.split("=")[1])
+                          for cap in defaults["MEDIA_MAX_BYTES"].split(","))
+        assert _mib(spool["sizeLimit"]) >= int(env["WORKER_CONCURRENCY"]["value"]) * largest_mib
+
+
+def _size_mib(size: str) -> float:
+    number, unit = re.fullmatch(r"(\d+)(MB|GB)", size).groups()
+    return int(number) * (10**6 if unit == "MB" else 10**9) / 2**20
+
+
+def test_download_workers_find_the_store_in_a_config_map_and_its_keys_in_a_secret(rendered):
+    for docs in rendered.values():
+        worker = _worker(docs, "downloader")
+        sources = [s["configMapRef"]["name"] for s in worker["envFrom"]]
+        assert sources == ["fleet-config", "media-store"]
+        store = _one(docs, "ConfigMap", "media-store")["data"]
+        assert store["MEDIA_STORE"].startswith("s3://") and store["S3_ENDPOINT_URL"]
+        keys = {name: var["valueFrom"]["secretKeyRef"] for name, var in _env(worker).items()
+                if name in S3_CLIENT_VARIABLES}
+        assert {(name, ref["name"]) for name, ref in keys.items()} == {
+            ("AWS_ACCESS_KEY_ID", "media-store-credentials"),
+            ("AWS_SECRET_ACCESS_KEY", "media-store-credentials")}
+        # Nobody else holds the store's keys.
+        for obj in (d for d in docs if d["kind"] in POD_KINDS and d["metadata"]["name"]
+                    != "downloader"):
+            for container in _pod_spec(obj)["containers"]:
+                assert not S3_CLIENT_VARIABLES & set(_env(container)), obj["metadata"]["name"]
+
+
+def test_download_workers_reach_the_object_store_namespace_on_its_s3_port_only(rendered):
+    for docs in rendered.values():
+        spec = _policy(docs, "downloader-egress")
+        store = [(peer, rule) for rule in spec["egress"] for peer in rule["to"]
+                 if _namespace_of(peer) == "minio"]
+        assert len(store) == 1
+        peer, rule = store[0]
+        assert set(peer) == {"namespaceSelector"} and _ports(rule) == {(9000, "TCP")}
+        endpoint = _one(docs, "ConfigMap", "media-store")["data"]["S3_ENDPOINT_URL"]
+        assert re.fullmatch(r"http://[a-z0-9-]+\.minio\.svc:9000", endpoint)
+        for workers in ("scraper", "renderer"):
+            assert not any(_namespace_of(p) == "minio" for rule in _policy(
+                docs, f"{workers}-egress")["egress"] for p in rule["to"]), workers

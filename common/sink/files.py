@@ -1,13 +1,13 @@
-"""The files sink: every result and failure record as gzip JSON Lines, in parts rotated by size
-and age, where a file that looks complete is complete; a folder per run of a job.
+"""The files sink: every result, failure and asset record as gzip JSON Lines, in parts rotated
+by size and age, where a file that looks complete is complete; a folder per run of a job.
 
 A record without a ``job`` field (the default job) goes to the sink's directory, as always; a
 record of run N of job NAME to ``jobs/NAME/run-N/`` below it (:func:`job_dir`). Job fields no
 job can have (a name not ``[a-z0-9][a-z0-9_-]{0,62}``, a run not an integer >= 1) send the
 record to ``jobs/_invalid/`` (no job name starts with ``_``), logged: no record names a path.
 
-In a folder, a line is the record with ``stream`` ("results" or "failures") and ``id`` (its
-stream id) in front; a record's own fields of those names give way. The open part is
+In a folder, a line is the record with ``stream`` ("results", "failures" or "assets") and ``id``
+(its stream id) in front; a record's own fields of those names give way. The open part is
 ``.part-<first-id>.jsonl.gz.tmp``. A batch appends one gzip member to the part of each folder
 it has records for, all fsynced before :meth:`FileSink.write` returns (every fsynced prefix of
 a part is a valid gzip stream; ``zcat`` reads a multi-member file as one); if any of it fails,
@@ -16,12 +16,14 @@ record and is rotated (renamed ``results-<first-id>-<last-id>.jsonl.gz``, direct
 past ``rotate_bytes``, after ``rotate_s`` open, or to keep :data:`MAX_OPEN_PARTS` open at most
 (least recently written first), and only where all the parts hold is acknowledged: before a
 batch once a write returned since the start (the runner acks a batch before reading the next),
-when idle, on close. Parts hold both streams, in the order read.
+when idle, on close. Parts hold every stream, in the order read (an asset's line beside its
+page's, in its job run's folder: pick them apart by ``stream``).
 
 After a crash the open parts are recovered (complete members kept, a torn last one cut, the
 part left open: only open parts hold entries not acknowledged). Ids grow per stream and one
-consumer reads them in order, so a replayed entry at or below the highest id of its stream in
-its folder (per folder: a crash may fall between two folders' fsyncs) is skipped.
+consumer reads them in order, so a replayed entry at or below the highest id of its own stream
+(ids of two streams never compare) in its folder (a crash may fall between two folders' fsyncs)
+is skipped.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The PostgreSQL sink: one row per URL of a job run, its newest outcome, upserted by batch.
+"""The PostgreSQL sink: one row per URL of a job run, its newest outcome, upserted by batch;
+the media assets in a table of their own (common/sink/postgres_assets.py), in the same
+transaction.
 
 The table (``POSTGRES_TABLE``, default ``crawl_results``) is created when missing, its key
 ``(job, run, url)``::
@@ -41,19 +43,28 @@ The URL's password never reaches a log or an error message.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from common.core.redact import redact_url, scrub, url_secrets
+from common.sink.postgres_assets import (
+    STREAM_ID,
+    AssetTable,
+    as_is,
+    int4,
+    json_of,
+    newest_assets,
+    url_job_run,
+    when,
+)
 from common.sink.reader import Entry, Sink
+from common.store.keys import ASSETS_STREAM
 
 if TYPE_CHECKING:
     from common.core.config import Settings
@@ -63,9 +74,6 @@ logger = logging.getLogger(__name__)
 #: The outcome each stream's entries record.
 OUTCOMES = {"results": "result", "failures": "dead_letter"}
 CONNECT_TIMEOUT_S = 10
-_STREAM_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
-_INT4 = (-(2**31), 2**31 - 1)
-_NUL_ESCAPE = b"\\u0000"
 
 _CREATE = """
 CREATE TABLE IF NOT EXISTS {table} (
@@ -135,42 +143,7 @@ class Row:
 
     def params(self) -> tuple[Any, ...]:
         return (self.job, self.run, self.url, self.outcome, self.stream, self.stream_id,
-                self.status, self.title, self.fetched_at, Jsonb(self.record, dumps=_as_is))
-
-
-def _as_is(data: bytes) -> bytes:
-    return data
-
-
-def _without_nul(value: Any) -> Any:
-    """``value`` with NUL characters in its strings replaced by U+FFFD: PostgreSQL's text and
-    jsonb cannot hold NUL, and one NUL must not block a batch forever."""
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, dict):
-        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_without_nul(v) for v in value]
-    return value
-
-
-def _when(value: Any) -> datetime | None:
-    """A record's time (epoch seconds or ISO 8601; naive means UTC) as a datetime, else None."""
-    try:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return datetime.fromtimestamp(value, UTC)
-        if isinstance(value, str) and value:
-            parsed = datetime.fromisoformat(value)
-            return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    except (ValueError, OverflowError, OSError):
-        return None
-    return None
-
-
-def _int4(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and _INT4[0] <= value <= _INT4[1]:
-        return value
-    return None
+                self.status, self.title, self.fetched_at, Jsonb(self.record, dumps=as_is))
 
 
 def to_row(entry: Entry) -> Row:
@@ -180,35 +153,19 @@ def to_row(entry: Entry) -> Row:
         ValueError: an entry no table row can hold (unknown stream, bad id, no url, not JSON).
     """
     outcome = OUTCOMES.get(entry.stream)
-    match = _STREAM_ID.fullmatch(entry.id)
+    match = STREAM_ID.fullmatch(entry.id)
     if outcome is None or match is None:
         raise ValueError(f"not a results/failures entry: stream {entry.stream!r} id {entry.id!r}")
-    record = entry.record
-    if not isinstance(record, dict):
-        raise ValueError(f"{entry.stream} entry {entry.id} is not a JSON object")
-    try:
-        data = orjson.dumps(record)
-        if _NUL_ESCAPE in data:
-            record = _without_nul(record)
-            data = orjson.dumps(record)
-    except orjson.JSONEncodeError as exc:
-        raise ValueError(f"{entry.stream} entry {entry.id}: {exc}") from None
-    url = record.get("url")
-    if not isinstance(url, str) or not url:
-        raise ValueError(f"{entry.stream} entry {entry.id} has no url")
-    job, run = record.get("job"), record.get("run")
-    if job is None or job == "default":  # the default job (its records carry no job)
-        job, run = "", 0
-    elif not isinstance(job, str) or not job or _int4(run) is None:
-        raise ValueError(f"{entry.stream} entry {entry.id} has job {job!r:.80} run {run!r:.20}")
+    record, data = json_of(entry)
+    url, job, run = url_job_run(entry, record)
     if outcome == "result":
         title = record.get("title")
-        status, title = _int4(record.get("status")), title if isinstance(title, str) else None
-        when = _when(record.get("fetched_at"))
+        status, title = int4(record.get("status")), title if isinstance(title, str) else None
+        at = when(record.get("fetched_at"))
     else:
-        status, title = _int4(record.get("last_status")), None
-        when = _when(record.get("last_failure")) or _when(record.get("first_failure"))
-    return Row(job, run, url, outcome, entry.stream, entry.id, status, title, when, data,
+        status, title = int4(record.get("last_status")), None
+        at = when(record.get("last_failure")) or when(record.get("first_failure"))
+    return Row(job, run, url, outcome, entry.stream, entry.id, status, title, at, data,
                (int(match.group(1)), int(match.group(2)), outcome == "result"))
 
 
@@ -249,14 +206,18 @@ def connect(url: str, name: str) -> psycopg.Connection:
 
 
 class PostgresSink(Sink):
-    """Upserts ``results`` and ``failures`` entries into one PostgreSQL table, one row per URL.
+    """Upserts ``results`` and ``failures`` entries into one PostgreSQL table, one row per URL,
+    and ``assets`` entries into the assets table beside it (common/sink/postgres_assets.py).
 
     Args:
         url: ``postgresql://user:password@host:5432/db`` (``POSTGRES_URL``).
         table: a plain identifier (``POSTGRES_TABLE``), quoted as one.
         name: the sink's name (its consumer group is ``sink:{name}``).
 
-    Connects and creates the table at once, so a wrong URL or password fails at start-up
+    Raises:
+        ValueError: ``table`` too long to name its assets view.
+
+    Connects and creates the tables at once, so a wrong URL or password fails at start-up
     (``psycopg.OperationalError``).
     """
 
@@ -266,6 +227,7 @@ class PostgresSink(Sink):
         self.name, self.table, self._url = name, table, url
         self._create = sql.SQL(_CREATE).format(table=sql.Identifier(table))
         self._upsert = sql.SQL(_UPSERT).format(table=sql.Identifier(table))
+        self._assets = AssetTable(table)  # ValueError: a table name too long for its assets
         self._conn: psycopg.Connection | None = None
         self._connection()
 
@@ -292,6 +254,7 @@ class PostgresSink(Sink):
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
                 conn.execute(self._create)
                 self._migrate(conn)
+                self._assets.create(conn)  # its view reads the results table: after it
         except BaseException:
             conn.close()
             raise
@@ -319,19 +282,22 @@ class PostgresSink(Sink):
             psycopg.Error: nothing of the batch was written (or, if the COMMIT's reply was
                 lost, all of it was); write the batch again.
         """
-        rows = newest_per_url(entries)
-        if not rows:
+        rows = newest_per_url(e for e in entries if e.stream != ASSETS_STREAM)
+        assets = newest_assets(entries)
+        if not rows and not assets:
             return
         conn = self._connection()
         try:
             with conn.transaction():
-                # Here, not once per session: a pooler may hand us another session each time.
-                conn.execute(_INCOMING)
-                with conn.cursor() as cursor, cursor.copy(_COPY) as copy:
-                    copy.set_types(_COPY_TYPES)
-                    for row in rows:
-                        copy.write_row(row.params())
-                conn.execute(self._upsert)
+                if rows:
+                    # Here, not once per session: a pooler may hand us another session.
+                    conn.execute(_INCOMING)
+                    with conn.cursor() as cursor, cursor.copy(_COPY) as copy:
+                        copy.set_types(_COPY_TYPES)
+                        for row in rows:
+                            copy.write_row(row.params())
+                    conn.execute(self._upsert)
+                self._assets.write(conn, assets)
         except (psycopg.OperationalError, psycopg.InterfaceError):
             self._drop()
             raise

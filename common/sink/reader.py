@@ -1,26 +1,29 @@
-"""Reading the result streams as a sink: one Redis consumer group per sink on ``results`` and
-``failures``, this consumer's pending entries replayed after a crash, an entry acknowledged only
-after the sink wrote it durably, and both streams trimmed below what every registered sink has
-acknowledged.
+"""Reading the fleet's record streams as a sink: one Redis consumer group per sink on
+``results``, ``failures`` and ``assets`` (:data:`STREAMS`), this consumer's pending entries
+replayed after a crash, an entry acknowledged only after the sink wrote it durably, and every
+stream trimmed below what every registered sink has acknowledged.
 
 A sink is registered by name in the set ``sinks`` and reads through the group
-``sink:{name}`` on both streams (one XREADGROUP over both). While any sink is registered the
-workers stop MAXLEN-trimming the streams (``RECORD_LUA``); :meth:`SinkReader.trim` trims them
-instead, with MINID, never above the oldest entry some registered sink has not acknowledged.
-So a sink that is registered but never runs holds the trimming: the streams grow by its lag
-until it runs again or is retired (:func:`retire`: SREM and XGROUP DESTROY).
+``sink:{name}`` on each stream (one XREADGROUP over all three). While any sink is registered
+the workers stop MAXLEN-trimming the streams (``RECORD_LUA`` checks ``sinks`` on every append,
+whichever stream it appends to: ``ResultStore.record(stream=...)``); :meth:`SinkReader.trim`
+trims them instead, with MINID, never above the oldest entry some registered sink has not
+acknowledged. So a sink that is registered but never runs holds the trimming: the streams grow
+by its lag until it runs again or is retired (:func:`retire`: SREM and XGROUP DESTROY). A sink
+registered before a stream was added gets its group on it at its next start, from id 0; until
+then trimming that stream waits for it (:func:`trim_floor`).
 
 Exactly once in the sink rests on three things: an entry is acknowledged only after
 ``Sink.write`` returned (durable), so a crash leaves it pending and the next start replays it
 (XREADGROUP from id 0 before ``>``); stream ids grow within a stream and one consumer reads
-them in order, so a sink recognises a replayed entry by its id (files: the highest id written
-per stream; PostgreSQL: an upsert); and only one batch is ever unacknowledged.
+them in order, so a sink recognises a replayed entry by its stream and id, compared only within
+its stream (files: the highest id written per stream; PostgreSQL: an upsert per table); and
+only one batch (at most ``batch`` entries of each stream) is ever unacknowledged.
 
 What a sink is (:class:`scrape_fleet.sinks.Sink`, the public interface, and :class:`Entry`)
 lives in the public package; :func:`run_sink` drives anything of that shape (``name``,
 ``write``, ``close``, optionally ``idle``), a subclass or not.
 """
-
 from __future__ import annotations
 
 import logging
@@ -34,13 +37,13 @@ import redis
 
 from common.core.backoff import reconnect_delay_s
 from common.core.errors import REDIS_UNAVAILABLE
-from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
+from common.store.keys import ASSETS_STREAM, FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
 from scrape_fleet.sinks import Entry, Sink
 
 logger = logging.getLogger(__name__)
 
 #: The streams every sink reads, in this order.
-STREAMS = (RESULTS_STREAM, FAILURES_STREAM)
+STREAMS = (RESULTS_STREAM, FAILURES_STREAM, ASSETS_STREAM)
 #: How long one XREADGROUP waits for new entries: the longest a stop request waits.
 BLOCK_MS = 1000
 #: How often :func:`run_sink` trims the streams while entries flow (and on every idle second).
@@ -70,7 +73,7 @@ def _text(value: Any) -> str:
 
 
 class SinkReader:
-    """Reads ``results`` and ``failures`` for sink ``name`` as consumer ``consumer`` (one
+    """Reads :data:`STREAMS` for sink ``name`` as consumer ``consumer`` (one
     process per sink name: a restarted sink must use the same consumer to get its pending
     entries back), ``batch`` entries per stream at a time."""
 
@@ -87,7 +90,7 @@ class SinkReader:
 
     def register(self) -> None:
         """SADD the name to ``sinks`` (workers stop MAXLEN-trimming), then create the group on
-        both streams from id 0 (everything still in them). Idempotent."""
+        each stream from id 0 (everything still in them). Idempotent."""
 
         def do() -> None:
             # Read first, write only what is missing: a Redis over maxmemory refuses SADD and
@@ -134,7 +137,7 @@ class SinkReader:
             yield entries
 
     def _read(self, ids: dict[str, str], block_ms: int | None = None) -> list[Entry] | None:
-        """One XREADGROUP over both streams; None when it returned nothing at all."""
+        """One XREADGROUP over every stream; None when it returned nothing at all."""
         try:
             reply = self.client.xreadgroup(self.group, self.consumer, ids, count=self.batch,
                                            block=block_ms)
@@ -245,7 +248,7 @@ def trim_floor(client: redis.Redis, stream: str) -> StreamId | None:
 
 def retire(client: redis.Redis, name: str) -> bool:
     """Unregister sink ``name``: SREM from ``sinks`` (it no longer holds the trimming) and
-    XGROUP DESTROY its group on both streams. Returns False when there was nothing to retire.
+    XGROUP DESTROY its group on every stream. Returns False when there was nothing to retire.
     Stop the sink's process first, or its next read fails (:class:`SinkGone`)."""
     found = bool(client.srem(SINKS, name))
     for stream in STREAMS:

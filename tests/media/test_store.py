@@ -274,3 +274,12 @@ def test_the_s3_server_fixture_gives_a_worker_its_endpoint_and_keys(s3_server: S
     assert env["S3_ENDPOINT_URL"] == s3_server.endpoint.rstrip("/")
     assert len(env["AWS_SECRET_ACCESS_KEY"]) >= 32
     assert env["AWS_SECRET_ACCESS_KEY"] not in repr(s3_server)
+
+
+def test_a_file_url_names_the_same_directory_store_as_its_path(tmp_path):
+    by_url = open_store(load_settings({"MEDIA_STORE": f"file://{tmp_path}/my%20media"}))
+    assert isinstance(by_url, FileStore) and by_url.name == str(tmp_path / "my media")
+    path, sha = _asset(tmp_path, 10)
+    stored = by_url.put(path, sha, 10, "image/gif", {})
+    assert FileStore(tmp_path / "my media").keys() == [stored.key]
+    assert stored.location == str(tmp_path / "my media" / stored.key)

@@ -1,8 +1,8 @@
 """Result sinks: where the fleet's results and failure records go to stay.
 
 A sink is a class with one method to write: :meth:`Sink.write` gets a batch of
-:class:`Entry` objects read from the Redis streams ``results`` and ``failures`` and returns
-once they are durable. The runner (``scrape-fleet sink``) acknowledges a batch only after
+:class:`Entry` objects read from the Redis streams ``results``, ``failures`` and ``assets``
+and returns once they are durable. The runner (``scrape-fleet sink``) acknowledges a batch only after
 ``write`` returned, and trims the streams below what every registered sink acknowledged, so
 what a sink wrote is the only copy left.
 
@@ -15,7 +15,7 @@ What the runner promises, and what it asks in return:
   process reads in order, so "skip ids at or below the highest one written for that stream"
   or "upsert by URL, newer id wins" turns at-least-once into exactly once.
 - **One batch at a time.** ``write`` is called from one thread; at most one batch is
-  unacknowledged. Entries of one stream come in id order; a batch may mix both streams.
+  unacknowledged. Entries of one stream come in id order; a batch may mix the streams.
 - **Durable on return.** Return from ``write`` only once the batch would survive a crash
   (fsync, COMMIT). Raise if any of it might not be: nothing is acknowledged then.
 
@@ -47,8 +47,10 @@ class Entry:
     """One stream entry, as a sink gets it.
 
     Attributes:
-        stream: ``"results"`` (a page's result) or ``"failures"`` (a URL that failed for
-            good; its record has ``"outcome": "dead_letter"``).
+        stream: ``"results"`` (a page's result), ``"failures"`` (a URL that failed for
+            good; its record has ``"outcome": "dead_letter"``) or ``"assets"`` (a media file
+            downloaded: ``page``, ``kind``, ``sha256``, ``key``, ``store``, ``size``, ...;
+            skip these entries if your sink wants pages only).
         id: the stream entry id, ``"<ms>-<seq>"`` (e.g. ``"1732230000123-0"``): unique
             within its stream and growing, so it tells a replayed entry from a new one.
         record: the decoded JSON record (``url``, ``status``, ``title``, your handler's

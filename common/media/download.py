@@ -108,8 +108,8 @@ class Downloader:
             handle.curl.close()
 
     def download(self, url: str, *, types: tuple[str, ...], spool_dir: Path | None = None,
-                 headers: Sequence[str] = (),
-                 follow: Callable[[str], bool] | None = None) -> Download:
+                 headers: Sequence[str] = (), follow: Callable[[str], bool] | None = None,
+                 caps: tuple[tuple[str, int], ...] | None = None) -> Download:
         """GET ``url`` into a spool file, following redirects ourselves.
 
         Args:
@@ -120,6 +120,7 @@ class Downloader:
             headers: more request header lines (``"Name: value"``).
             follow: called with each redirect target; False ends the download there, the
                 3xx returned (path None) with the target in ``headers["location"]``.
+            caps: the size cap per type (a job's); default MEDIA_MAX_BYTES.
 
         Returns:
             The download; a non-2xx status is returned with ``path`` None.
@@ -138,7 +139,7 @@ class Downloader:
             fd, name = tempfile.mkstemp(dir=directory, prefix="asset-")
             path = Path(name)
             with os.fdopen(fd, "wb") as spool:
-                transfer.start(spool, types)
+                transfer.start(spool, types, caps or self.settings.media_max_bytes)
                 result = self._run(handle, url, headers, follow)
                 spool.flush()
             if result.status // 100 == 2:

@@ -53,10 +53,12 @@ class MediaTransfer(Transfer):
         self.range_from = 0
         super().__init__(owner)
 
-    def start(self, spool: IO[bytes], types: tuple[str, ...]) -> None:
-        """A new download into ``spool`` (empty) of one of ``types``."""
+    def start(self, spool: IO[bytes], types: tuple[str, ...],
+              caps: tuple[tuple[str, int], ...]) -> None:
+        """A new download into ``spool`` (empty) of one of ``types``, under ``caps``."""
         self.spool = spool
         self.types = types
+        self.caps = caps
         self.hasher = hashlib.sha256()
         self.written = 0
         self.range_from = 0

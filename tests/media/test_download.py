@@ -121,6 +121,19 @@ def test_the_sparse_2_gb_file_is_refused_by_its_content_length_before_the_body(
     assert sent < 64 * 1024 * 1024  # what nginx pushed into the socket buffers, of 2 GiB
 
 
+
+def test_a_jobs_own_caps_replace_the_settings_caps(
+        site: MediaSite, spool: Path, make_downloader: Callable[..., Downloader]) -> None:
+    downloader = make_downloader()  # MEDIA_MAX_BYTES *=32MB
+    error = _error(lambda: downloader.download(site.url("/big/medium.bin"), types=("*",),
+                                               spool_dir=spool, caps=parse_caps("*=1MB")))
+    assert error.kind == "too_large" and "cap of 1000000" in str(error)
+    got = downloader.download(site.url("/big/large.bin"), types=("*",), spool_dir=spool,
+                              caps=parse_caps("*=4GB"))
+    assert got.size == site.large_bytes and got.path is not None
+    got.path.unlink()
+
+
 def test_a_body_without_content_length_is_cut_at_the_cap_with_memory_flat(
         site: MediaSite, spool: Path, make_downloader: Callable[..., Downloader]) -> None:
     downloader = make_downloader()

@@ -182,7 +182,11 @@ class WorkerThread:
         # The worker's own client: replies to its per-page scripts awaited through the loop.
         client = redis.Redis.from_url(settings.redis_url, **loop_client_options())
         self.settings = settings
-        self.worker = Worker(settings, Processor(settings, client))
+        if settings.media_worker:  # a download worker (MEDIA_WORKER; common/media/)
+            from common.media.processor import MediaProcessor
+            self.worker = Worker(settings, MediaProcessor(settings, client))
+        else:
+            self.worker = Worker(settings, Processor(settings, client))
         self.exit_code: int | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self._watch = threading.Thread(target=self._stop_when_drained, daemon=True)

@@ -110,6 +110,12 @@ def hold_name(level_ms: int) -> str:
     return f"hold.{level_ms}"
 
 
+def worker_queues(render: bool = False, media: bool = False) -> tuple[str, ...]:
+    """The queues a worker consumes, most urgent first: a render worker's, a download
+    worker's (``media``) or an HTTP worker's."""
+    return RENDER_QUEUES if render else MEDIA_QUEUES if media else WORK_QUEUES
+
+
 def hold_level(remaining_ms: float) -> int | None:
     """The hold level for the next hop of a delay: the largest level not above what remains,
     the smallest level for short remainders, None when the wait is over."""

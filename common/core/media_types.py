@@ -77,6 +77,26 @@ def wanted(patterns: tuple[str, ...], media_type: str) -> bool:
     return any(matches(p, media_type) for p in patterns)
 
 
+def narrow(asked: tuple[str, ...], allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """The patterns naming what both ``asked`` (a request's) and ``allowed`` (MEDIA_TYPES)
+    name: ``image/*`` within ``image/*,application/pdf`` is ``image/*``, ``*`` within it is
+    the two, ``image/png`` within ``application/pdf`` is nothing."""
+    both = [m for a in asked for b in allowed if (m := _meet(a, b)) is not None]
+    return tuple(dict.fromkeys(both))
+
+
+def _meet(a: str, b: str) -> str | None:
+    """The pattern naming what both name, if one does (patterns are exact or prefixes)."""
+    a_prefix, b_prefix = a.endswith("*"), b.endswith("*")
+    if a_prefix and b_prefix:
+        return a if a[:-1].startswith(b[:-1]) else b if b[:-1].startswith(a[:-1]) else None
+    if b_prefix:
+        return a if a.startswith(b[:-1]) else None
+    if a_prefix:
+        return b if b.startswith(a[:-1]) else None
+    return a if a == b else None
+
+
 def parse_caps(raw: str) -> tuple[tuple[str, int], ...]:
     """``"image/*=25MB, application/pdf=200MB, *=100MB"`` → ((pattern, bytes), ...).
 

@@ -16,6 +16,7 @@ import threading
 from common.core.config import Settings
 from common.core.errors import ConfigError
 from common.core.redact import scrub
+from common.media.processor import MediaProcessor
 from common.ops import cli
 from common.sink.plugins import DEFAULT_KIND, SinkClass, build, resolve
 from common.sink.reader import SinkReader, retire, run_sink
@@ -37,6 +38,9 @@ def work_args(settings: Settings, argv: list[str] | None = None,
     parser.add_argument("--render", action="store_true", default=settings.render_worker,
                         help="render pages in Chromium: consume the render queues "
                              "(RENDER_WORKER; docs/rendering.md)")
+    parser.add_argument("--media", action="store_true", default=settings.media_worker,
+                        help="download assets into MEDIA_STORE: consume the media queues "
+                             "(MEDIA_WORKER; docs/media.md)")
     parser.add_argument("--idle-exit", type=float, default=settings.idle_exit_s, metavar="SECONDS",
                         help="exit 0 after this long without a message (0 = never)")
     args = parser.parse_args(argv)
@@ -44,6 +48,12 @@ def work_args(settings: Settings, argv: list[str] | None = None,
         parser.error("--concurrency must be >= 1")
     if args.idle_exit < 0:
         parser.error("--idle-exit must be >= 0")
+    if args.render and args.media:
+        parser.error("--render and --media are two kinds of worker: start one of each")
+    if args.media:  # its assets are never read from or stored in the response cache
+        return settings.with_overrides(concurrency=args.concurrency or settings.concurrency,
+                                       idle_exit_s=args.idle_exit, media_worker=True,
+                                       cache_ttl_s=0)
     if not args.render:
         return settings.with_overrides(concurrency=args.concurrency or settings.concurrency,
                                        idle_exit_s=args.idle_exit)
@@ -60,7 +70,9 @@ def work_main(settings: Settings, argv: list[str] | None = None, prog: str | Non
     settings = work_args(settings, argv, prog)
     renderer = _renderer(settings) if settings.render_worker else None  # ConfigError: exit 2
     redis_client = worker_client(settings)  # replies read through the fetch loop
-    processor = Processor(settings, redis_client, renderer=renderer)
+    processor: Processor | MediaProcessor = (  # MEDIA_STORE: ConfigError at start (exit 2)
+        MediaProcessor(settings, redis_client) if settings.media_worker
+        else Processor(settings, redis_client, renderer=renderer))
     worker = Worker(settings, processor)
     worker.install_signal_handlers()
     return worker.run()

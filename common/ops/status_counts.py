@@ -118,14 +118,14 @@ def to_do(client: redis.Redis, queues: dict[str, dict[str, Any]], delayed: int,
     interval, the heartbeat's): right after a crawl they may still hold a prefetch's worth,
     in local mode 2 workers x 16 = 32, likely the "32 to do" of a finished crawl in issue 24.
     """
-    unacked = [queues[name]["unacked"] for name in topology.PAGE_QUEUES]
+    unacked = [queues[name]["unacked"] for name in topology.CONSUMED_QUEUES]
     reported = (sum(unacked) if None not in unacked
                 else sum(w.get("in_flight", 0) for w in workers))
     pipe = client.pipeline(transaction=False)
     pipe.zcard(DEFERRED)
     pipe.zcard(DEFERRED_INFLIGHT)
     waiting, releasing = pipe.execute()
-    parts = {"ready": sum(queues[name]["ready"] for name in topology.PAGE_QUEUES),
+    parts = {"ready": sum(queues[name]["ready"] for name in topology.CONSUMED_QUEUES),
              "delayed": delayed, "deferred": int(waiting) + int(releasing)}
     unaccounted = seen - finished - sum(parts.values())
     in_flight = min(reported, unaccounted) if unaccounted >= 0 else reported

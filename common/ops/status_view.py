@@ -177,7 +177,7 @@ def _queue_lines(snapshot: dict[str, Any], fitted: bool) -> list[str]:
     counts are on the dead letters and counters lines)."""
     lines = [f"{'queue':<16}{'ready':>9}{'unacked':>9}{'consumers':>10}{'in/s':>8}{'out/s':>8}"]
     for name, q in snapshot["queues"].items():
-        if fitted and name not in topology.PAGE_QUEUES:
+        if fitted and name not in topology.CONSUMED_QUEUES:
             continue
         lines.append(f"{name:<16}{q['ready']:>9}{_dash(q['unacked']):>9}{q['consumers']:>10}"
                      f"{_dash(q['publish_rate']):>8}{_dash(q['deliver_rate']):>8}")
@@ -186,6 +186,8 @@ def _queue_lines(snapshot: dict[str, Any], fitted: bool) -> list[str]:
 
 #: stats:counters of the session pools and logins (common/work/identities.py, sessions.py).
 SESSION_COUNTERS = ("sessions_retired", "session_logins", "session_logins_failed")
+#: stats:counters of the download workers (common/media/steps.py).
+ASSET_COUNTERS = ("assets_stored", "assets_existing", "asset_bytes")
 
 
 def _counters_line(snapshot: dict[str, Any]) -> str:
@@ -202,6 +204,10 @@ def _counters_line(snapshot: dict[str, Any]) -> str:
         line += (f"  sessions retired: {sessions['sessions_retired']:,}  logins: "
                  f"{sessions['session_logins']:,} ({sessions['session_logins_failed']:,} "
                  "failed)")
+    assets = {name: int(counters.get(name, 0)) for name in ASSET_COUNTERS}
+    if any(assets.values()):  # the media stage (docs/media.md)
+        line += (f"  assets: {assets['assets_stored']:,} stored, {assets['assets_existing']:,}"
+                 f" already stored, {assets['asset_bytes'] / 2**20:,.1f} MiB")
     return line
 
 

@@ -79,6 +79,11 @@ RENDER_LAUNCHES = Gauge("fleet_render_launches", "Browsers its running browser t
 USER_CODE_STOPPED = Counter("fleet_user_code_stopped_total", "Pages whose user code was "
                             "stopped: regex_timeouts, extractor_timeouts, extractor_crashes",
                             ["kind"], registry=REGISTRY)
+ASSETS = Counter("fleet_assets_total", "Assets the download workers recorded, by whether the "
+                 "store already had their bytes (stored: new, existing)", ["stored"],
+                 registry=REGISTRY)
+ASSET_BYTES = Counter("fleet_asset_bytes_total", "Asset bytes the download workers downloaded",
+                      registry=REGISTRY)
 HEALTHY.set(1)
 
 #: Every metric family the workers export (the dashboard test reads this).
@@ -89,7 +94,7 @@ EXPORTED = ("fleet_fetches_total", "fleet_fetch_seconds", "fleet_fetch_bytes_tot
             "fleet_redis_maxmemory_bytes", "fleet_results_backlog", "fleet_redis_refusals_total",
             "fleet_throttled_domain_rate_ratio", "fleet_throttled_domain_since_seconds",
             "fleet_user_code_stopped_total", "fleet_render_browsers", "fleet_render_memory_bytes",
-            "fleet_render_launches")
+            "fleet_render_launches", "fleet_assets_total", "fleet_asset_bytes_total")
 
 #: Most throttled domains one worker exports at a time (the rest: stats.py lists them all).
 MAX_THROTTLED_SERIES = 100

@@ -88,7 +88,7 @@ class Worker:
             self.loops.streak, settings.pressure_check_s)
         self._consumer_tags: list[str] = []
         self._paused = False  # consumers cancelled (see _apply_pressure)
-        self.queues = topology.RENDER_QUEUES if settings.render_worker else topology.WORK_QUEUES
+        self.queues = topology.worker_queues(settings.render_worker, settings.media_worker)
 
     def request_stop(self, *_args: object) -> None:
         """First call: finish in-flight work and exit. Second call: exit at once."""
@@ -202,8 +202,8 @@ class Worker:
                            "RabbitMQ", verdict.reason, len(self.ledger.inflight))
         else:
             # Rank decides who a free fetch task serves first: expired messages (a cheap Redis
-            # call each; not in a render worker), then priority_queue, then url_queue_ttl.
-            expired = () if self.settings.render_worker else (topology.EXPIRED_QUEUE,)
+            # call each; HTTP workers only), then priority_queue, then url_queue_ttl.
+            expired = (topology.EXPIRED_QUEUE,) if self.queues == topology.WORK_QUEUES else ()
             for rank, name in enumerate(expired + self.queues, start=1 - len(expired)):
                 callback = functools.partial(self._on_delivery, rank, name, self._generation)
                 self._consumer_tags.append(self._channel.basic_consume(name, callback))

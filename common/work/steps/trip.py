@@ -8,7 +8,7 @@ fields the steps before it set and sets its own; nothing else travels between th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from common.broker.messages import WorkMessage
@@ -43,6 +43,10 @@ class Trip:
     cached: bool = False  # Admit: the response came from the cache (nothing fetched)
     retime: Retime | None = None  # Fetch: the permit, re-timed to the send time
     read: PageRead | None = None  # Read: the record and what to follow
+    asset: Any = None  # a download worker's FetchAsset: its Download (common/media/)
+    stored: Any = None  # its StoreAsset: the Stored object the store confirmed
+    store_ms: float = 0.0  # how long the store took to confirm it
+    handed_off: dict | None = None  # its redirect to another origin, published (redirect_to)
 
     @property
     def token(self) -> str:

@@ -1,0 +1,167 @@
+"""The three stages through the real fleet: a catalogue crawled (HTTP worker), its product
+images and PDF manuals referenced by a rule's ``media:`` (scrape), downloaded by a download
+worker into moto's S3 server (download), recorded in ``assets``; nginx serves it all on
+loopback (devtools/media_site.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from common.core.config import Settings
+from common.intake.producer import Producer
+from common.media.store import open_store
+from common.store.keys import ASSETS_STREAM
+from devtools.media_site import MediaSite
+from tests.helpers import WorkerThread, output_of, results, start_worker_process, wait_for
+
+RULES = """
+- name: product
+  path: '^/catalogue/p\\d+\\.html$'
+  fields: {title: h1}
+  media:
+    - {css: "img.product::attr(src)", kind: image, types: [image/*]}
+    - {css: "a.manual::attr(href)", kind: document, types: [application/pdf]}
+"""
+
+
+@pytest.fixture
+def media_site(tmp_path: Path):
+    with MediaSite(tmp_path, products=6, large_bytes=40 * 2**20) as site:
+        yield site
+
+
+def assets(client) -> list[dict]:
+    return [json.loads(fields[b"json"]) for _id, fields in client.xrange(ASSETS_STREAM)]
+
+
+def _fleet(settings: Settings, tmp_path: Path, bucket: str, **more) -> Settings:
+    rules = tmp_path / "rules.yml"
+    rules.write_text(RULES)
+    return settings.with_overrides(extract_rules=f"@{rules}", media_store=f"s3://{bucket}/shop",
+                                   idle_exit_s=3.0, concurrency=4, **more)
+
+
+def test_a_catalogue_crawl_stores_every_referenced_asset_once_by_hash(
+        settings, redis_client, media_site, tmp_path, s3_env, s3_bucket):
+    fleet = _fleet(settings, tmp_path, s3_bucket)
+    with Producer(settings, redis_client) as producer:
+        producer.submit(media_site.pages())
+    with WorkerThread(fleet) as pages, WorkerThread(fleet.with_overrides(
+            media_worker=True, cache_ttl_s=0)) as downloads:
+        assert pages.join(90) == 0 and downloads.join(90) == 0
+
+    expected = media_site.assets()  # url -> (sha256, size, type)
+    pages_by_url = {r["url"]: r for r in results(redis_client)}
+    assert set(pages_by_url) == set(media_site.pages())
+    referenced = Counter(url for r in pages_by_url.values() for url in r["assets"])
+    assert set(referenced) == set(expected)
+    assert referenced[media_site.url("/images/shared.png")] == 2  # two pages, one request
+
+    records = assets(redis_client)
+    by_url = Counter(r["url"] for r in records)
+    assert by_url == Counter(dict.fromkeys(expected, 1)), "one asset record per asset URL"
+    store = open_store(fleet)
+    for record in records:
+        sha, size, media_type = expected[record["url"]]
+        assert (record["sha256"], record["size"], record["content_type"]) == (sha, size,
+                                                                              media_type)
+        body = store.read(record["key"])
+        assert hashlib.sha256(body).hexdigest() == sha and len(body) == size
+        assert record["page"] in pages_by_url and record["url"] in pages_by_url[
+            record["page"]]["assets"]
+    # The same bytes behind two URLs: two records, one object.
+    keys = {r["url"]: r["key"] for r in records}
+    assert keys[media_site.url("/images/copy/p3.png")] == keys[media_site.url("/images/p2-0.png")]
+    assert sorted(r["stored"] for r in records).count("existing") == 1
+    stored = store.keys("")
+    assert len(stored) == len({sha for sha, _size, _type in expected.values()})
+    assert all(k.startswith("shop/") for k in stored)
+
+
+def test_a_download_worker_killed_mid_upload_loses_nothing_and_leaves_no_half_object(
+        settings, redis_client, media_site, tmp_path, s3_env, s3_bucket, s3_server):
+    """A 40 MiB asset uploaded in 5 MiB parts: the worker is killed with -9 once the first
+    part is up; another download worker takes the redelivery and stores it whole, once."""
+    fleet = _fleet(settings, tmp_path, s3_bucket)
+    large = media_site.url("/big/large.bin")
+    with Producer(settings, redis_client) as producer:
+        producer.submit([large], extra={"media": {"kind": "file", "page": "http://x.test/"}})
+    env = {**s3_env, "MEDIA_STORE": f"s3://{s3_bucket}", "MEDIA_MULTIPART_BYTES": "5MiB",
+           "MEDIA_MAX_BYTES": "*=100MB", "LOG_LEVEL": "DEBUG"}
+    store = open_store(fleet.with_overrides(media_store=f"s3://{s3_bucket}"))
+    first = start_worker_process(settings, "--media", "--idle-exit", "30", env=env)
+    try:
+        assert wait_for(lambda: any(parts for _key, parts in
+                                    s3_server.pending_uploads(s3_bucket)), 60, 0.02), \
+            output_of(first)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert store.keys("") == [], "a killed upload leaves no object"
+        second = start_worker_process(settings, "--media", "--idle-exit", "3", env=env)
+        try:
+            assert second.wait(120) == 0, output_of(second)
+        finally:
+            if second.poll() is None:
+                second.kill()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    records = assets(redis_client)
+    assert [r["url"] for r in records] == [large]
+    sha = hashlib.sha256(media_site.file("/big/large.bin").read_bytes()).hexdigest()
+    assert records[0]["sha256"] == sha and records[0]["size"] == 40 * 2**20
+    assert len(store.keys("")) == 1
+    assert hashlib.sha256(store.read(records[0]["key"])).hexdigest() == sha
+
+
+def test_a_two_gigabyte_asset_is_refused_by_its_cap_without_filling_memory_or_disk(
+        settings, redis_client, media_site, tmp_path, s3_env, s3_bucket):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    fleet = _fleet(settings, tmp_path, s3_bucket, media_spool_dir=str(spool),
+                   media_worker=True, cache_ttl_s=0)
+    huge = media_site.url("/big/huge.mp4")
+    offset = media_site.log_offset()
+    with Producer(settings, redis_client) as producer:
+        producer.submit([huge], extra={"media": {"kind": "video", "page": "http://x.test/"}})
+    with WorkerThread(fleet) as worker:
+        assert worker.join(60) == 0
+    failures = [json.loads(f[b"json"]) for _id, f in redis_client.xrange("failures")]
+    assert [(f["url"], f["reason"]) for f in failures] == [(huge, "fetch_too_large")]
+    assert assets(redis_client) == [] and list(spool.iterdir()) == []
+    sent = [b for path, _status, b in media_site.await_requests(1, offset) if path.endswith(
+        "huge.mp4")]
+    assert sent and max(sent) < 2**20, sent  # the body was never read
+
+
+def test_a_media_request_the_worker_cannot_read_is_dead_lettered_with_its_reason(
+        settings, redis_client, media_site, tmp_path, s3_env, s3_bucket):
+    fleet = _fleet(settings, tmp_path, s3_bucket, media_worker=True, cache_ttl_s=0)
+    png, pdf = media_site.url("/images/p0-0.png"), media_site.url("/manuals/p0.pdf")
+    with Producer(settings, redis_client) as producer:  # a PDF asked for as an image
+        producer.submit([pdf], extra={"media": {"kind": "image", "page": "http://x.test/"}})
+        producer.submit([png], extra={"media": {"kind": "sound", "page": "http://x.test/"}})
+    with WorkerThread(fleet) as worker:
+        assert worker.join(60) == 0
+    failures = {f["url"]: f for f in (json.loads(e[b"json"]) for _i, e in
+                                      redis_client.xrange("failures"))}
+    assert failures[pdf]["reason"] == "fetch_type_refused"
+    assert failures[png]["reason"] == "bad_message" and "media.kind" in failures[png]["last_error"]
+    assert assets(redis_client) == []
+
+
+def test_a_worker_started_with_a_bad_media_store_exits_2_naming_it(settings, tmp_path):
+    proc = start_worker_process(settings, "--media", env={"MEDIA_STORE": "s3://"})
+    try:
+        assert proc.wait(30) == 2
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert "MEDIA_STORE" in output_of(proc)

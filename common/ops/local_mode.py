@@ -89,6 +89,9 @@ def _args(argv: list[str] | None, prog: str | None, down: bool) -> argparse.Name
         parser.add_argument("--render", type=cli.argument(non_negative_int), default=0, metavar="N",
                             help="render workers driving Chromium, for pages that need a "
                                  "browser (docs/rendering.md; default 0)")
+        parser.add_argument("--media", type=cli.argument(non_negative_int), default=0, metavar="N",
+                            help="download workers storing the assets rules and handlers ask "
+                                 "for in DIR/media (docs/media.md; default 0)")
         parser.add_argument("--any-port", action="store_true",
                             help="free loopback ports instead of 5672, 15672 and 6379")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -119,7 +122,8 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
     if running:
         if len(running) == len(procs):
             print(started_text(fleet, int(str(state.get("workers", 0))), already=True,
-                               renderers=int(str(state.get("renderers", 0)))))
+                               renderers=int(str(state.get("renderers", 0))),
+                               downloaders=int(str(state.get("downloaders", 0)))))
             if values != stored:
                 fleet.write_settings(values)
                 print(f"settings saved in {fleet.settings_file}; {running_text(fleet)}")
@@ -133,7 +137,8 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
     fleet.write_settings(values)
     node = _node(fleet, binaries, any_port=args.any_port)
     started: list[Proc] = []
-    state = {"node": node.nodename, "workers": args.workers, "renderers": args.render}
+    state = {"node": node.nodename, "workers": args.workers, "renderers": args.render,
+             "downloaders": args.media}
     try:
         print(f"starting RabbitMQ {node.nodename} (takes 5-20 s)...", file=sys.stderr)
         started.append(Proc.of("rabbitmq", node.launch(fleet.logs / "rabbitmq.out").pid))
@@ -151,7 +156,8 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
         env = {**values, "RABBITMQ_URL": node.url, "REDIS_URL": redis_url,
                "RABBITMQ_MANAGEMENT_URL": f"http://{user}:{secret}@127.0.0.1:"
                                           f"{node.management_port}",
-               "SINK_DIR": str(fleet.results)}
+               "SINK_DIR": str(fleet.results), "MEDIA_STORE": values.get(
+                   "MEDIA_STORE", str(fleet.path / "media"))}  # local mode's file store
         fleet.write_env(env)
         started.append(_spawn(fleet, "sink", ["sink", "files", "--name", SINK_NAME], env))
         fleet.write_state(started, **state)
@@ -163,6 +169,10 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
                                                     ["work", "--render"], env,
                                                     {"WORKER_ID": f"local-render-{n}"})
                         for n in range(1, args.render + 1)})
+        workers.update({f"local-media-{n}": _spawn(fleet, f"worker-media-{n}",
+                                                   ["work", "--media"], env,
+                                                   {"WORKER_ID": f"local-media-{n}"})
+                        for n in range(1, args.media + 1)})
         started += workers.values()
         fleet.write_state(started, **state)
         for worker_id, proc in workers.items():
@@ -180,7 +190,7 @@ def up_main(settings: Settings, argv: list[str] | None = None, prog: str | None 
         print("start failed: stopping what started", file=sys.stderr)
         stop_fleet(fleet, timeout_s=30, say=lambda text: print(text, file=sys.stderr))
         raise
-    print(started_text(fleet, args.workers, renderers=args.render))
+    print(started_text(fleet, args.workers, renderers=args.render, downloaders=args.media))
     if taken:
         print(f"kept from the environment for the next runs: {', '.join(taken)} "
               f"(`scrape-fleet config unset NAME` forgets one)")

@@ -15,7 +15,7 @@ def dir_flag(fleet: FleetDir) -> str:
 
 
 def started_text(fleet: FleetDir, workers: int, *, already: bool = False,
-                 renderers: int = 0) -> str:
+                 renderers: int = 0, downloaders: int = 0) -> str:
     """What ``up`` prints: where everything is, and the next commands to type."""
     env = fleet.read_env()
     ui, amqp, store = (urlsplit(env[k]) for k in ("RABBITMQ_MANAGEMENT_URL", "RABBITMQ_URL",
@@ -30,6 +30,8 @@ def started_text(fleet: FleetDir, workers: int, *, already: bool = False,
     return "\n".join([
         f"scrape-fleet is {'already ' if already else ''}up: {workers} workers, "
         + (f"{renderers} render workers (Chromium), " if renderers else "")
+        + (f"{downloaders} download workers (assets in {fleet.path / 'media'}), "
+           if downloaders else "")
         + f"the files sink, the scheduler (jobs) and the control plane, data in {fleet.path}",
         # The password is never printed: it is in fleet.env (mode 0600), RABBITMQ_MANAGEMENT_URL.
         f"  RabbitMQ management UI: http://localhost:{ui.port}  user "

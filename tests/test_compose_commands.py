@@ -369,6 +369,15 @@ def test_download_workers_start_with_the_media_profile_after_minio_and_its_bucke
     assert volume["type"] == "volume" and "source" not in volume
 
 
+def test_the_plain_image_gives_the_spool_directory_to_the_app_user():
+    # A new volume takes the owner of the image's directory it is mounted on: without it the
+    # download workers (uid 10001) could not write a spool file there.
+    lines = " ".join(_stages()["scraper"])
+    mkdir = re.search(r"mkdir -p ([^&]+)&&\s*chown 10001:10001 ([^&]+)&&", lines)
+    assert mkdir, "the scraper stage makes and hands over its data directories"
+    assert "/data/spool" in mkdir.group(1).split() and "/data/spool" in mkdir.group(2).split()
+
+
 def test_a_plain_up_starts_no_download_worker_and_no_minio(config):
     for name, service in config["services"].items():
         if name in MEDIA_PROFILE_SERVICES or "minio" in service.get("image", ""):

@@ -345,20 +345,17 @@ def test_render_worker_memory_is_sized_from_the_browsers_it_runs(config):
 
 # -- Download workers and MinIO: the media profile ----------------------------------------------
 
-MEDIA_PROFILE_SERVICES = {"downloader", "minio", "minio-bucket"}
+MEDIA_PROFILE_SERVICES = {"downloader", "minio"}
 
 
-def test_download_workers_start_with_the_media_profile_after_minio_and_its_bucket(config):
+def test_download_workers_start_with_the_media_profile_after_minio(config):
     services = config["services"]
     downloader = services["downloader"]
     assert downloader["profiles"] == ["media"]
     assert downloader["image"] == services["scraper"]["image"] == APP_IMAGE
     assert container_argv(downloader, []) == ["python", "worker.py", "--media"]
     assert {name: dep["condition"] for name, dep in downloader["depends_on"].items()} == {
-        "rabbitmq": "service_healthy", "redis": "service_healthy",
-        "minio-bucket": "service_completed_successfully"}
-    assert services["minio-bucket"]["depends_on"] == {"minio": {"condition": "service_healthy"}}
-    assert services["minio-bucket"]["command"] == ["mb", "--ignore-existing", "fleet/assets"]
+        "rabbitmq": "service_healthy", "redis": "service_healthy", "minio": "service_healthy"}
     assert "http://127.0.0.1:9100/healthz" in " ".join(downloader["healthcheck"]["test"])
     assert int(downloader["deploy"]["replicas"]) == 1
     assert "ports" not in downloader
@@ -391,8 +388,6 @@ def test_minio_is_pinned_published_on_loopback_only_and_has_no_default_password(
     minio = config["services"]["minio"]
     assert re.fullmatch(r"minio/minio:RELEASE\.\d{4}-\d\d-\d\dT\d\d-\d\d-\d\dZ",
                         minio["image"])
-    assert re.fullmatch(r"minio/mc:RELEASE\.[\dTZ-]+", config["services"]["minio-bucket"][
-        "image"])
     assert minio["command"] == ["server", "/data", "--console-address", ":9001"]
     assert "minio-data:/data:rw" in minio["volumes"]
     assert minio["healthcheck"]["test"] == ["CMD", "mc", "ready", "local"]
@@ -450,7 +445,7 @@ def test_the_swarm_file_uses_only_what_docker_stack_deploy_accepts(tmp_path):
     swarm = yaml.safe_load(result.stdout)["services"]
     assert (swarm["downloader"]["deploy"]["replicas"], swarm["renderer"]["deploy"]["replicas"]) \
         == (0, 0)
-    assert not {"minio", "minio-bucket"} & set(swarm)
+    assert "minio" not in swarm
     assert swarm["downloader"]["command"] == ["python", "worker.py", "--media"]
 
 

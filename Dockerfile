@@ -70,8 +70,8 @@ RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requireme
 ENV BROWSER_EXECUTABLE=/usr/bin/chromium
 COPY . .
 # As in the `scraper` stage below (the comments there).
-RUN mkdir -p /data/results /data/archive /app/extensions \
-    && chown 10001:10001 /data/results /data/archive \
+RUN mkdir -p /data/results /data/archive /data/spool /app/extensions \
+    && chown 10001:10001 /data/results /data/archive /data/spool \
     && find / -xdev -type f -perm /6000 -exec chmod a-s {} +
 
 USER 10001:10001
@@ -82,14 +82,15 @@ CMD ["python", "worker.py", "--render"]
 FROM runtime AS scraper
 COPY . .
 
-# The files sink's volume (compose: sink-files) and the WARC archive's (warc-archive) take
+# The files sink's volume (compose: sink-files), the WARC archive's (warc-archive) and the
+# download workers' spool volumes take
 # these directories' owner when created.
 # /app/extensions stays root's: user code is read, never written, by the fleet.
 # No setuid/setgid file is left in the image: nothing in it can raise its privileges, which
 # is what no-new-privileges (compose's security_opt) ensures and Swarm cannot (it drops
 # security_opt); with the non-root user and cap_drop ALL, which Swarm keeps.
-RUN mkdir -p /data/results /data/archive /app/extensions \
-    && chown 10001:10001 /data/results /data/archive \
+RUN mkdir -p /data/results /data/archive /data/spool /app/extensions \
+    && chown 10001:10001 /data/results /data/archive /data/spool \
     && find / -xdev -type f -perm /6000 -exec chmod a-s {} +
 
 USER 10001:10001

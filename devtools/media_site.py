@@ -24,8 +24,8 @@ The docroot (``tmp_path/media-site``):
   guard refuses it before connecting); ``/redirect/p0.png``: a 301 to ``/images/p0-0.png``.
 
 nginx serves byte ranges (``Accept-Ranges: bytes``, ETag, Last-Modified) itself. Its access log
-here is nginx's ``combined`` format, read by :meth:`MediaSite.requests` as (path, status,
-body bytes sent).
+is the ``timed`` format (devtools/nginx_site.py), read by :meth:`MediaSite.requests` as (path,
+status, body bytes sent) and by :meth:`MediaSite.timed_requests` with when each was logged.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ HUGE_BYTES = 2 * 1024 * MIB
 MEDIUM_BYTES = 8 * MIB
 TYPES = {"png": "image/png", "jpg": "image/jpeg", "pdf": "application/pdf",
          "mp4": "video/mp4", "bin": "application/octet-stream", "html": "text/html"}
-_COMBINED = re.compile(r'"(?:\S+) (\S+)(?: [^"]*)?" (\d{3}) (\d+)')
+#: A line of the ``timed`` log format (devtools/nginx_site.py): when, status, bytes, request.
+_TIMED = re.compile(r'^(\d+\.\d+) (\d{3}) (\d+) "(?:\S+) (\S+)(?: [^"]*)?"')
 
 
 def png(width: int, height: int, seed: int) -> bytes:
@@ -162,7 +163,7 @@ class MediaSite:
         types = " ".join(f"{mime} {ext};" for ext, mime in TYPES.items())
         big = self.root / "big"
         return (f"        types {{ {types} }}\n"
-                f"        access_log {self.log} combined;\n"
+                f"        access_log {self.log} timed;\n"
                 f"        location /slow/ {{ alias {big}/; limit_rate {self.slow_rate}; }}\n"
                 f"        location /stream/ {{ alias {big}/; ssi on; ssi_types *; }}\n"
                 "        location = /redirect/blocked.png { return 302 http://10.0.0.1/x.png; }\n"
@@ -224,13 +225,18 @@ class MediaSite:
     def requests(self, since: int = 0) -> list[tuple[str, int, int]]:
         """(path, status, body bytes sent) of each request logged after byte ``since``
         (nginx logs a request once its response ended, or the client went away)."""
+        return [(path, status, sent) for _at, path, status, sent in self.timed_requests(since)]
+
+    def timed_requests(self, since: int = 0) -> list[tuple[float, str, int, int]]:
+        """(when it was logged, epoch seconds to the ms; path, status, body bytes sent) of
+        each request logged after byte ``since``."""
         if not self.log.exists():
             return []
         with self.log.open("r", encoding="utf-8", errors="replace") as handle:
             handle.seek(since)
             lines = handle.readlines()
-        return [(m.group(1), int(m.group(2)), int(m.group(3)))
-                for m in map(_COMBINED.search, lines) if m is not None]
+        return [(float(m.group(1)), m.group(4), int(m.group(2)), int(m.group(3)))
+                for m in map(_TIMED.match, lines) if m is not None]
 
     def await_requests(self, at_least: int = 1, since: int = 0,
                        timeout_s: float = 10.0) -> list[tuple[str, int, int]]:

@@ -163,6 +163,7 @@ class NginxSite:
             "    keepalive_requests 100000;\n"
             f"{temp}"
             "    log_format site '$status \"$request\"';\n"
+            "    log_format timed '$msec $status $body_bytes_sent \"$request\"';\n"
             f"    access_log {self.access_log} site;\n"
             f"{compress}"
             "    server {\n"

@@ -42,6 +42,7 @@ WAITING=(
     tests/test_render_faults.py
     tests/web/test_browser_features.py
     tests/web/test_browser_renderer.py
+    tests/media/test_media_fleet.py
 )
 
 split=1

@@ -19,7 +19,7 @@ import yaml
 from tests.helpers import REPO_ROOT, compose_config, env_example
 
 SECRETS_FILE = "deploy/swarm/secrets.yml"
-APP = ("scraper", "sink", "scheduler", "renderer")
+APP = ("scraper", "sink", "scheduler", "renderer", "downloader")
 APP_UID = "10001"  # the Dockerfile's user
 
 

@@ -43,7 +43,7 @@ from common.store.keys import (
 STATES = ("created", "running", "paused", "finished", "cancelled")
 ENDED = ("finished", "cancelled")
 #: What a run's outcomes are: each URL the run knows ends in exactly one of them.
-OUTCOMES = ("results", "failed", "cancelled", "expired")
+OUTCOMES = ("results", "assets", "failed", "cancelled", "expired")  # assets: common/media/
 
 
 class JobStateError(ValueError):

@@ -135,7 +135,7 @@ class FetchAsset:
         settings = self.jobs.settings_for(trip.job)
         types = narrow(tuple(media.get("types") or KINDS[media["kind"]]), settings.media_types)
         if not types:
-            return DeadLetter(Failure("media_type_refused", error=(
+            return DeadLetter(Failure("fetch_type_refused", error=(
                 f"{media['kind']} {media.get('types') or ''}: none of MEDIA_TYPES "
                 f"{','.join(settings.media_types)}")), unless_done=True)
         trip.progress.enter("fetch")
@@ -147,6 +147,9 @@ class FetchAsset:
             retime = Retime(trip.admission.permit, exc.sent_at)
             failure = Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")
             return Retry(failure, retime) if exc.transient else DeadLetter(failure, retime)
+        except OSError as exc:  # the spool file: this worker's disk, not the site's fault
+            logger.warning("%s: spool file failed (%s): retried later", trip.url, exc)
+            return Retry(Failure("spool_failed", error=f"{type(exc).__name__}: {exc}"))
         trip.retime = Retime(trip.admission.permit, download.sent_at)
         if 300 <= download.status < 400 and download.headers.get("location"):
             trip.asset = download

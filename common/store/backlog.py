@@ -18,9 +18,9 @@ from typing import Any
 
 import redis
 
-from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
+from common.store.keys import ASSETS_STREAM, FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
 
-STREAMS = (RESULTS_STREAM, FAILURES_STREAM)
+STREAMS = (RESULTS_STREAM, FAILURES_STREAM, ASSETS_STREAM)  # what the sinks read
 
 
 @dataclass(frozen=True)

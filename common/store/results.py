@@ -41,6 +41,7 @@ import redis
 from common.core.errors import ReplicaTimeout
 from common.store.connection import FleetRedis
 from common.store.keys import (
+    ASSETS_STREAM,
     COUNTERS,
     FAILURES_STREAM,
     RESULTS_STREAM,
@@ -243,7 +244,8 @@ def _run_counts(record: dict[str, Any], stream: str) -> tuple[str, int, str]:
     if stream == FAILURES_STREAM:
         return "failed", 0, str(record.get("reason") or "unknown")
     size = record.get("bytes")
-    return "results", size if type(size) is int and size > 0 else 0, ""
+    return ("assets" if stream == ASSETS_STREAM else "results",
+            size if type(size) is int and size > 0 else 0, "")
 
 
 def encode(record: dict[str, Any]) -> bytes:

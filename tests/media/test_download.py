@@ -98,6 +98,7 @@ def test_an_image_refused_by_type_reads_no_body_and_leaves_no_spool_file(
                                                types=("application/pdf",), spool_dir=spool))
     assert error.kind == "type_refused" and "image/png" in str(error)
     assert not error.transient
+    site.await_requests(1)  # nginx logs a request once it is done with it: wait for the line
     offset = site.log_offset()
     error = _error(lambda: downloader.download(site.url("/big/large.bin"),
                                                types=("image/*",), spool_dir=spool))

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from common.sink.reader import Entry, SinkReader, retire, run_sink, trim_floor
-from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
+from common.store.keys import ASSETS_STREAM, FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
 from common.store.results import ResultStore
 from tests.helpers import wait_for
 
@@ -72,7 +72,8 @@ def test_the_streams_are_trimmed_only_below_what_every_registered_sink_acknowled
     taken = _take(behind)  # results 0..3 and failures 0..2 delivered
     behind.ack([e for e in taken if e.id in ids[:2] or e.stream == FAILURES_STREAM])
 
-    assert ahead.trim() == {RESULTS_STREAM: ids[2], FAILURES_STREAM: _next(failure_ids[2])}
+    assert ahead.trim() == {RESULTS_STREAM: ids[2], FAILURES_STREAM: _next(failure_ids[2]),
+                            ASSETS_STREAM: "0-1"}  # empty: nothing delivered, nothing kept
     assert _first_id(redis_client) == ids[2]  # behind's oldest pending entry stays
     assert redis_client.xlen(RESULTS_STREAM) == 8
     assert redis_client.xlen(FAILURES_STREAM) == 0
@@ -128,7 +129,7 @@ def test_a_sink_registered_before_its_group_exists_holds_the_trimming(redis_clie
     redis_client.sadd(SINKS, "starting")  # registered; its XGROUP CREATE has not run yet
     reader = SinkReader(redis_client, "files")
     reader.ack(_take(reader))
-    assert reader.trim() == {RESULTS_STREAM: None, FAILURES_STREAM: None}
+    assert reader.trim() == {RESULTS_STREAM: None, FAILURES_STREAM: None, ASSETS_STREAM: None}
     assert redis_client.xlen(RESULTS_STREAM) == 3
 
 

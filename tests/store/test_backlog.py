@@ -4,7 +4,7 @@ backlog (lag + pending on both streams), in one round trip."""
 from __future__ import annotations
 
 from common.store.backlog import read_fill
-from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
+from common.store.keys import ASSETS_STREAM, FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
 
 
 def _add(client, stream, count):
@@ -14,7 +14,7 @@ def _add(client, stream, count):
 def test_no_sink_no_streams_no_limit(redis_client):
     fill = read_fill(redis_client)
     assert fill.sinks == {} and fill.backlog == 0 and fill.backlog_sink is None
-    assert fill.lengths == {RESULTS_STREAM: 0, FAILURES_STREAM: 0}
+    assert fill.lengths == {RESULTS_STREAM: 0, FAILURES_STREAM: 0, ASSETS_STREAM: 0}
     assert fill.used_memory > 0 and fill.maxmemory == 0 and fill.memory_ratio is None
 
 

@@ -61,7 +61,7 @@ class MediaSettings(SettingsGroup):
     media_types: tuple[str, ...] = setting(
         "MEDIA_TYPES", _patterns, "image/*,application/pdf,video/*,audio/*",
         "Media types a download may be (its Content-Type), comma-separated; a rule's or "
-        "request's `types` narrow this. Others are refused (`media_type_refused`).")
+        "request's `types` narrow this. Others are refused before their body is read (`fetch_type_refused`).")
     media_max_bytes: tuple[tuple[str, int], ...] = setting(
         "MEDIA_MAX_BYTES", parse_caps, "image/*=25MB,application/pdf=200MB,*=500MB",
         "Largest asset per type (`type=size`, most specific wins, `*` required). A larger "

@@ -85,7 +85,7 @@ class Follow:
         if not groups or follower is None:
             return
         read.record["assets"] = [url for group in groups for url in group["urls"]]
-        read.record["assets_new"] = request_media(follower, trip.response.final_url, groups,
+        read.record["assets_new"] = request_media(follower, trip.url, groups,
                                                   trip.message.depth, token)
 
     def job_follower(self, job: JobRef) -> LinkFollower:

@@ -58,6 +58,12 @@ SEED = {"urls": ["http://shop.test/"]}
     ({"name": "a", "seeds": SEED, "crawl": True, "settings": {"CRAWL_ENABLED": "false"}},
      "settings.CRAWL_ENABLED", "already set"),
     ({"name": "a", "seeds": SEED, "surprise": 1}, "surprise", "unknown field"),
+    ({"name": "a", "seeds": SEED, "media": {"quota": "lots"}}, "media.quota", "size"),
+    ({"name": "a", "seeds": SEED, "media": {"types": ["pictures"]}}, "media.types",
+     "a media type is like"),
+    ({"name": "a", "seeds": SEED, "media": {"max_bytes": {"image/*": "5MB"}}},
+     "media.max_bytes", "'*=size'"),
+    ({"name": "a", "seeds": SEED, "media": {"where": "s3://x"}}, "media.where", "unknown"),
     ("just text", "", "mapping"),
 ])
 def test_a_bad_job_is_refused_naming_its_field(job, field, says):
@@ -165,3 +171,13 @@ def test_a_jobs_render_field_is_its_render_setting_and_a_bad_one_is_named():
         with pytest.raises(BadJob) as caught:
             parse_job({"name": "a", "seeds": SEED, "render": bad})
         assert caught.value.field == "render", caught.value
+
+
+def test_a_jobs_media_sets_its_types_caps_quota_and_prefix():
+    spec = parse_job({"name": "shop", "seeds": SEED, "media": {
+        "types": ["image/*", "application/pdf"], "max_bytes": {"image/*": "5MB", "*": "50MB"},
+        "quota": "2GB", "prefix": "shop/"}})
+    settings = spec.settings_for(load_settings({}))
+    assert settings.media_types == ("image/*", "application/pdf")
+    assert settings.media_max_bytes == (("image/*", 5_000_000), ("*", 50_000_000))
+    assert (settings.media_quota_bytes, settings.media_prefix) == (2_000_000_000, "shop/")

@@ -18,6 +18,8 @@ from botocore.exceptions import ClientError
 
 from common.core.config import Settings
 from common.intake.producer import Producer
+from common.jobs.registry import JobRegistry
+from common.jobs.spec import parse_job
 from common.media.store import open_store
 from common.store.keys import ASSETS_STREAM
 from devtools.media_site import MediaSite
@@ -204,3 +206,83 @@ def test_a_site_is_not_hit_harder_because_it_also_serves_images(
     first_asset = kinds.index("asset")
     assert "page" in kinds[first_asset:], "pages and assets took turns, not one after the other"
     assert len(assets(redis_client)) == len(expected)
+
+
+def test_a_jobs_media_keeps_its_quota_and_prefix_and_every_asset_ends_once(
+        settings, redis_client, media_site, tmp_path, s3_env, s3_bucket):
+    """A job whose run may store half the catalogue's image bytes under ``shop/``: the assets
+    past the quota are dead-lettered ``media_quota``, the rest stored under the prefix, each
+    URL ends once, and the run's counters add up (known = results + assets + failed)."""
+    images = {url: size for url, (_sha, size, mime) in media_site.assets().items()
+              if mime.startswith("image/")}
+    quota = sum(images.values()) // 2
+    registry = JobRegistry(redis_client)
+    registry.submit(parse_job({
+        "name": "shop", "seeds": {"urls": media_site.pages()},
+        "rules": [{"name": "product", "path": r"^/catalogue/p\d+\.html$",
+                   "media": {"css": "img.product::attr(src)", "types": ["image/*"]}}],
+        "media": {"quota": str(quota), "prefix": "shop/"}}))
+    run = registry.start_run("shop")
+    with Producer(settings, redis_client) as producer:
+        producer.submit(media_site.pages(), job=run)
+    fleet = settings.with_overrides(media_store=f"s3://{s3_bucket}", idle_exit_s=3.0,
+                                    s3_endpoint_url=s3_env["S3_ENDPOINT_URL"], concurrency=2)
+    with WorkerThread(fleet) as pages, WorkerThread(fleet.with_overrides(
+            media_worker=True, cache_ttl_s=0)) as downloads:
+        assert pages.join(90) == 0 and downloads.join(90) == 0
+    records = assets(redis_client)
+    refused = [json.loads(f[b"json"]) for _id, f in redis_client.xrange("failures")]
+    assert {r["reason"] for r in refused} <= {"media_quota"}
+    assert Counter([r["url"] for r in records] + [f["url"] for f in refused]) == Counter(
+        dict.fromkeys(images, 1))
+    assert refused and records, "some within the quota, some past it"
+    assert sum(r["size"] for r in records) <= quota  # each download counts, stored or not
+    assert all(r["key"].startswith("shop/") and (r["job"], r["run"]) == ("shop", run.run)
+               for r in records)
+    counters = registry.counters(run)
+    assert counters["known"] == counters.get("results", 0) + counters.get(
+        "assets", 0) + counters.get("failed", 0), counters
+    assert counters["assets"] == len(records) and counters["results"] == len(media_site.pages())
+
+
+HANDLERS = '''
+from scrape_fleet import Router
+
+router = Router()
+
+
+@router.default
+def product(page):
+    yield {"title": page.css("h1::text").get()}
+    yield page.download(page.css("img.product::attr(src)").getall(), kind="image",
+                        meta={"product": page.url})
+    yield page.download(page.css("a.manual::attr(href)").get(), kind="document",
+                        types="application/pdf")
+'''
+
+
+def test_a_handlers_downloads_are_stored_with_their_meta(
+        settings, redis_client, media_site, tmp_path, s3_env, s3_bucket, monkeypatch):
+    (tmp_path / "shop_handlers.py").write_text(HANDLERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    fleet = settings.with_overrides(media_store=f"s3://{s3_bucket}", idle_exit_s=3.0,
+                                    s3_endpoint_url=s3_env["S3_ENDPOINT_URL"], concurrency=2,
+                                    handlers="shop_handlers:router")
+    with Producer(settings, redis_client) as producer:
+        producer.submit(media_site.pages())
+    with WorkerThread(fleet) as pages, WorkerThread(fleet.with_overrides(
+            media_worker=True, cache_ttl_s=0)) as downloads:
+        assert pages.join(90) == 0 and downloads.join(90) == 0
+    records = {r["url"]: r for r in assets(redis_client)}
+    assert set(records) == set(media_site.assets())
+    for url, record in records.items():
+        assert record["sha256"] == media_site.assets()[url][0]
+        if record["kind"] == "image":
+            assert record["meta"]["product"] in media_site.pages()
+        else:
+            assert record["content_type"] == "application/pdf" and "meta" not in record
+    pages_by_url = {r["url"]: r for r in results(redis_client)}
+    assert sorted(r["items"][0]["title"] for r in pages_by_url.values()) == [
+        f"Product {i}" for i in range(len(media_site.pages()))]
+    assert {url for r in pages_by_url.values() for url in r["assets"]} == set(records)

@@ -139,8 +139,8 @@ def test_a_newcomer_installs_starts_crawls_a_url_file_watches_exports_and_stops(
     (work / "urls.txt").write_text(f"# my site\n\n{seed}\n", encoding="utf-8")
     procs: list = []
     try:
-        up = fleet("up", "--workers", "2", "--any-port", "--allow-network", "127.0.0.0/8",
-                   "--set", "CRAWL_ENABLED=true", timeout_s=300)
+        up = fleet("up", "--workers", "2", "--media", "1", "--any-port", "--allow-network",
+                   "127.0.0.0/8", "--set", "CRAWL_ENABLED=true", timeout_s=300)
         procs, _state = FleetDir(fleet_dir).read_state()
         assert up.returncode == 0, up.stdout + up.stderr
         assert "RabbitMQ management UI: http://localhost:" in up.stdout and "password" in up.stdout
@@ -153,7 +153,9 @@ def test_a_newcomer_installs_starts_crawls_a_url_file_watches_exports_and_stops(
         assert "kept from the environment for the next runs: LOG_LEVEL " in up.stdout
         assert unread("up") == (0, "")  # already up: it prints where everything is
         assert sorted(p.name for p in procs) == ["api", "rabbitmq", "redis", "scheduler",
-                                                 "sink", "worker-1", "worker-2"]
+                                                 "sink", "worker-1", "worker-2",
+                                                 "worker-media-1"]
+        assert f"1 download workers (assets in {fleet_dir / 'media'})" in up.stdout
         assert all(p.alive for p in procs)
         api_port = FleetDir(fleet_dir).read_state()[1]["api_port"]
         assert f"  control plane: http://127.0.0.1:{api_port}/  (web UI" in up.stdout

@@ -32,18 +32,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 import pycurl
 
 from common.core.config import Settings
 from common.core.errors import FetchError
 from common.core.redact import redact_url
-from common.core.urls import without_credentials
 from common.media.download_transfer import MediaTransfer
-from common.web import multi, trust
+from common.web import trust
 from common.web.curl import new_easy_handle, sendable
 from common.web.curl_errors import classify
+from common.web.fetch import next_hop, perform_once
 from common.web.netguard import AddressGuard
 
 logger = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class Downloader:
                                  kind=_FAILED_STOPS[stop], sent_at=sent_at)
             elapsed_ms = (time.perf_counter() - started) * 1000
             if stop == "redirect":
-                target = self._next_hop(current, transfer.headers().get("location", ""))
+                target = next_hop(current, transfer.headers().get("location", ""))
                 if follow is not None and not follow(target):
                     return Download(url, current, transfer.status, transfer.media_type, 0, "",
                                     None, elapsed_ms, sent_at, resumed,
@@ -227,22 +227,7 @@ class Downloader:
         if remaining_ms <= 0:
             return FetchError(f"download took longer than {self.settings.media_timeout_s:g}s "
                               "(MEDIA_TIMEOUT_S)", kind="timeout"), None
-        try:
-            curl.setopt(pycurl.URL, url)
-        except (pycurl.error, UnicodeError, TypeError) as exc:
-            raise FetchError(f"invalid URL {redact_url(url[:200])!r}: {exc}",
-                             kind="invalid") from None
-        curl.setopt(pycurl.TIMEOUT_MS, remaining_ms)
-        curl.setopt(pycurl.CONNECTTIMEOUT_MS,
-                    max(1, min(remaining_ms, int(self.settings.connect_timeout_s * 1000))))
-        started_wall = time.time()
-        failure: pycurl.error | None = None
-        try:
-            multi.perform(curl)  # this thread's, or its fetch loop's (common/web/multi.py)
-        except pycurl.error as exc:
-            failure = exc
-        pretransfer_s = curl.getinfo(pycurl.PRETRANSFER_TIME)
-        sent_at = started_wall + pretransfer_s if pretransfer_s > 0 else None
+        failure, sent_at = perform_once(curl, url, remaining_ms, self.settings.connect_timeout_s)
         if failure is None or transfer.stop is not None:
             return None, sent_at
         error = classify(failure, transfer, sent_at, self.settings)
@@ -261,19 +246,6 @@ class Downloader:
             handle.curl.setopt(pycurl.SSL_VERIFYPEER, 1 if checked else 0)
             handle.curl.setopt(pycurl.SSL_VERIFYHOST, 2 if checked else 0)
             handle.verifies = checked
-
-    @staticmethod
-    def _next_hop(current: str, location: str) -> str:
-        try:
-            target = urljoin(current, location.strip())
-            scheme = urlsplit(target).scheme
-        except ValueError as exc:
-            raise FetchError(f"bad redirect location {redact_url(location[:200])!r}: {exc}",
-                             kind="bad_redirect") from None
-        if scheme not in ("http", "https"):
-            raise FetchError(f"redirect to a non-http URL: {without_credentials(target)[:200]}",
-                             kind="bad_redirect")
-        return without_credentials(target.split("#", 1)[0])
 
     def _take(self) -> _Handle:
         with self._lock:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
 
 import redis
 
@@ -33,15 +32,14 @@ from common.media.download import Downloader
 from common.media.steps import FetchAsset, RecordAsset, StoreAsset
 from common.media.store import AssetStore, open_store
 from common.store.dedupe import DoneSet, SeenSet
-from common.store.marks import DoneMark
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter
 from common.web.robots import robots_fetcher
-from common.work.expired import release_expired
 from common.work.giving_up import GivingUp
 from common.work.job_book import JobBook
 from common.work.outcome import Outcome
 from common.work.poison import PoisonGuard, StuckWatch
+from common.work.processor import Endings
 from common.work.robots_gate import RobotsGate
 from common.work.steps.admit import Admit
 from common.work.steps.arrive import Arrive
@@ -53,7 +51,7 @@ from common.work.steps.wait import Wait
 logger = logging.getLogger(__name__)
 
 
-class MediaProcessor:
+class MediaProcessor(Endings):
     """A download worker's steps, built once; :meth:`process` runs them on each delivery."""
 
     renderer = None  # the worker asks every processor for its browsers: a download worker has none
@@ -106,18 +104,6 @@ class MediaProcessor:
             self.poison.clear(trip.progress)
         outcome = end if isinstance(end, Outcome) else self.give_up.settle(trip, end)
         return outcome if trip.job is None else replace(outcome, job=trip.job.scope)
-
-    def process_expired(self, body: bytes, death: str | None = None) -> Outcome:
-        if death == "delivery_limit":
-            return self.give_up.poison_dropped(body)
-        return release_expired(body, self.seen)
-
-    def worker_error(self, body: bytes, exc: BaseException) -> Outcome:
-        return self.give_up.dead_letter_raw(body, "<unknown>", "worker_error",
-                                            f"{type(exc).__name__}: {exc}")
-
-    def record_dead_letter(self, mark: DoneMark | None, record: dict[str, Any] | None) -> None:
-        self.give_up.record_dead_letter(mark, record)
 
     def warm(self) -> None:
         """Nothing to start per fetch loop (no user code runs here)."""

@@ -57,9 +57,11 @@ from common.sink.postgres_assets import (
     STREAM_ID,
     AssetTable,
     as_is,
+    copy_upsert,
     int4,
     json_of,
     newest_assets,
+    newest_rows,
     url_job_run,
     when,
 )
@@ -170,21 +172,8 @@ def to_row(entry: Entry) -> Row:
 
 
 def newest_per_url(entries: Iterable[Entry]) -> list[Row]:
-    """One row per URL of a job run, the newest entry's, sorted by key (concurrent writers lock
-    rows in one order: no deadlock). An entry no row can hold is logged and skipped."""
-    newest: dict[tuple[str, int, str], Row] = {}
-    for entry in entries:
-        try:
-            row = to_row(entry)
-        except ValueError as exc:
-            # Retrying cannot help, and a sink stuck on one entry would hold back them all.
-            logger.error("postgres sink: skipping %s entry %s: %s", entry.stream, entry.id, exc)
-            continue
-        key = (row.job, row.run, row.url)
-        kept = newest.get(key)
-        if kept is None or row.order > kept.order:
-            newest[key] = row
-    return [newest[key] for key in sorted(newest)]
+    """One row per URL of a job run, the newest entry's (postgres_assets.newest_rows)."""
+    return newest_rows(entries, to_row)
 
 
 def connect(url: str, name: str) -> psycopg.Connection:
@@ -290,13 +279,7 @@ class PostgresSink(Sink):
         try:
             with conn.transaction():
                 if rows:
-                    # Here, not once per session: a pooler may hand us another session.
-                    conn.execute(_INCOMING)
-                    with conn.cursor() as cursor, cursor.copy(_COPY) as copy:
-                        copy.set_types(_COPY_TYPES)
-                        for row in rows:
-                            copy.write_row(row.params())
-                    conn.execute(self._upsert)
+                    copy_upsert(conn, _INCOMING, _COPY, _COPY_TYPES, rows, self._upsert)
                 self._assets.write(conn, assets)
         except (psycopg.OperationalError, psycopg.InterfaceError):
             self._drop()

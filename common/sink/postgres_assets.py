@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
@@ -54,6 +54,8 @@ from psycopg.types.json import Jsonb
 
 from common.sink.reader import Entry
 from common.store.keys import ASSETS_STREAM
+
+R = TypeVar("R")
 
 logger = logging.getLogger(__name__)
 
@@ -260,14 +262,19 @@ def to_asset_row(entry: Entry) -> AssetRow:
 
 def newest_assets(entries: Iterable[Entry]) -> list[AssetRow]:
     """One row per media URL of a job run from the ``assets`` entries (the others are not
-    looked at), the newest entry's, sorted by key (concurrent writers lock rows in one order).
-    An entry no row can hold is logged and skipped: retrying cannot help."""
-    newest: dict[tuple[str, int, str], AssetRow] = {}
+    looked at): :func:`newest_rows`."""
+    return newest_rows((e for e in entries if e.stream == ASSETS_STREAM), to_asset_row)
+
+
+def newest_rows(entries: Iterable[Entry], to_row: Callable[[Entry], R]) -> list[R]:
+    """One row per URL of a job run (``to_row``'s ``job``, ``run``, ``url``), the newest
+    entry's (``order``), sorted by key: concurrent writers lock rows in one order, so no
+    deadlock. An entry no row can hold is logged and skipped: retrying cannot help, and a sink
+    stuck on one entry would hold back them all."""
+    newest: dict[tuple[str, int, str], R] = {}
     for entry in entries:
-        if entry.stream != ASSETS_STREAM:
-            continue
         try:
-            row = to_asset_row(entry)
+            row = to_row(entry)
         except ValueError as exc:
             logger.error("postgres sink: skipping %s entry %s: %s", entry.stream, entry.id, exc)
             continue
@@ -300,10 +307,17 @@ class AssetTable:
         """Upsert ``rows`` inside the caller's transaction."""
         if not rows:
             return
-        # Here, not once per session: a pooler may hand us another session each time.
-        conn.execute(_INCOMING)
-        with conn.cursor() as cursor, cursor.copy(_COPY) as copy:
-            copy.set_types(_COPY_TYPES)
-            for row in rows:
-                copy.write_row(row.params())
-        conn.execute(self._upsert)
+        copy_upsert(conn, _INCOMING, _COPY, _COPY_TYPES, rows, self._upsert)
+
+
+def copy_upsert(conn: psycopg.Connection, incoming: str, copy_sql: str, types: tuple[str, ...],
+                rows: Iterable[Any], upsert: Any) -> None:
+    """``rows`` (their ``params()``) copied into the temporary table ``incoming`` creates,
+    then ``upsert`` from it, inside the caller's transaction. The temporary table is made
+    here, not once per session: a pooler may hand us another session each time."""
+    conn.execute(incoming)
+    with conn.cursor() as cursor, cursor.copy(copy_sql) as copy:
+        copy.set_types(types)
+        for row in rows:
+            copy.write_row(row.params())
+    conn.execute(upsert)

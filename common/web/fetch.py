@@ -193,7 +193,7 @@ class Fetcher:
                         cookies.receive(current, set_cookies)
                 if transfer.stop == "redirect":
                     location = transfer.headers().get("location", "")
-                    target = self._next_hop(current, location)
+                    target = next_hop(current, location)
                     if follow is None or follow(target):
                         current = target
                         if form is not None and transfer.status in (301, 302, 303):
@@ -296,21 +296,7 @@ class Fetcher:
         if remaining_ms <= 0:
             raise FetchError(f"fetch took longer than "
                              f"{self.settings.fetch_total_timeout_s:g}s", kind="timeout")
-        try:
-            curl.setopt(pycurl.URL, url)
-        except (pycurl.error, UnicodeError, TypeError) as exc:
-            raise FetchError(f"invalid URL {url[:200]!r}: {exc}", kind="invalid") from None
-        curl.setopt(pycurl.TIMEOUT_MS, remaining_ms)
-        curl.setopt(pycurl.CONNECTTIMEOUT_MS,
-                    max(1, min(remaining_ms, int(self.settings.connect_timeout_s * 1000))))
-        started_wall = time.time()
-        error: pycurl.error | None = None
-        try:
-            multi.perform(curl)  # this thread's, or its fetch loop's (common/web/multi.py)
-        except pycurl.error as exc:
-            error = exc
-        pretransfer_s = curl.getinfo(pycurl.PRETRANSFER_TIME)
-        sent_at = started_wall + pretransfer_s if pretransfer_s > 0 else None
+        error, sent_at = perform_once(curl, url, remaining_ms, self.settings.connect_timeout_s)
         if error is not None and transfer.stop is None:
             tunnel = curl.getinfo(pycurl.HTTP_CONNECTCODE) \
                 if proxy and url.startswith("https:") else None
@@ -324,14 +310,47 @@ class Fetcher:
             raise FetchError(transfer.detail, kind=transfer.stop, sent_at=sent_at)
         return sent_at
 
-    def _next_hop(self, current: str, location: str) -> str:
-        try:
-            target = urljoin(current, location.strip())
-            scheme = urlsplit(target).scheme
-        except ValueError as exc:
-            raise FetchError(f"bad redirect location {redact_url(location[:200])!r}: {exc}",
-                             kind="bad_redirect") from None
-        if scheme not in ("http", "https"):
-            raise FetchError(f"redirect to a non-http URL: {without_credentials(target)[:200]}",
-                             kind="bad_redirect")
-        return without_credentials(target.split("#", 1)[0])
+
+
+def perform_once(curl: pycurl.Curl, url: str, remaining_ms: int, connect_timeout_s: float
+                 ) -> tuple[pycurl.error | None, float | None]:
+    """One request of ``curl`` to ``url`` within ``remaining_ms`` (connecting within
+    CONNECT_TIMEOUT_S), run by the caller's fetch loop when it has one: libcurl's error (None
+    when it went through) and the wall-clock time the request was sent (None: never sent).
+
+    Raises:
+        FetchError: ``invalid``: a URL libcurl refuses.
+    """
+    try:
+        curl.setopt(pycurl.URL, url)
+    except (pycurl.error, UnicodeError, TypeError) as exc:
+        raise FetchError(f"invalid URL {redact_url(url[:200])!r}: {exc}",
+                         kind="invalid") from None
+    curl.setopt(pycurl.TIMEOUT_MS, remaining_ms)
+    curl.setopt(pycurl.CONNECTTIMEOUT_MS, max(1, min(remaining_ms, int(connect_timeout_s * 1000))))
+    started_wall = time.time()
+    error: pycurl.error | None = None
+    try:
+        multi.perform(curl)  # this thread's, or its fetch loop's (common/web/multi.py)
+    except pycurl.error as exc:
+        error = exc
+    pretransfer_s = curl.getinfo(pycurl.PRETRANSFER_TIME)
+    return error, started_wall + pretransfer_s if pretransfer_s > 0 else None
+
+
+def next_hop(current: str, location: str) -> str:
+    """The absolute URL a redirect's ``Location`` names, credentials and fragment dropped.
+
+    Raises:
+        FetchError: ``bad_redirect``: not a URL, or not http(s).
+    """
+    try:
+        target = urljoin(current, location.strip())
+        scheme = urlsplit(target).scheme
+    except ValueError as exc:
+        raise FetchError(f"bad redirect location {redact_url(location[:200])!r}: {exc}",
+                         kind="bad_redirect") from None
+    if scheme not in ("http", "https"):
+        raise FetchError(f"redirect to a non-http URL: {without_credentials(target)[:200]}",
+                         kind="bad_redirect")
+    return without_credentials(target.split("#", 1)[0])

@@ -77,7 +77,32 @@ from common.work.steps.wait import Wait
 logger = logging.getLogger(__name__)
 
 
-class Processor:
+class Endings:
+    """How any worker's processor ends a delivery no step saw: an expired message, a bug, a
+    confirmed dead letter (``give_up`` and ``seen``: the processor's)."""
+
+    give_up: GivingUp
+    seen: SeenSet
+
+    def process_expired(self, body: bytes, death: str | None = None) -> Outcome:
+        """A message that left a work queue by its TTL: release its fingerprint and count it.
+        One that a quorum queue dropped past its delivery limit is poison instead: every
+        delivery of it ended without an outcome, and it must not come back."""
+        if death == "delivery_limit":
+            return self.give_up.poison_dropped(body)
+        return release_expired(body, self.seen)
+
+    def worker_error(self, body: bytes, exc: BaseException) -> Outcome:
+        """The outcome for a message whose processing raised an unexpected exception."""
+        return self.give_up.dead_letter_raw(body, "<unknown>", "worker_error",
+                                            f"{type(exc).__name__}: {exc}")
+
+    def record_dead_letter(self, mark: DoneMark | None, record: dict[str, Any] | None) -> None:
+        """A dead letter is confirmed: mark its URL done, append its failure record."""
+        self.give_up.record_dead_letter(mark, record)
+
+
+class Processor(Endings):
     """The worker's steps, built once; :meth:`process` runs them on each delivery."""
 
     def __init__(self, settings: Settings, client: redis.Redis,
@@ -147,23 +172,6 @@ class Processor:
             self.poison.clear(trip.progress)  # a tracked URL reached its end: not poison
         outcome = end if isinstance(end, Outcome) else self.give_up.settle(trip, end)
         return outcome if trip.job is None else replace(outcome, job=trip.job.scope)
-
-    def process_expired(self, body: bytes, death: str | None = None) -> Outcome:
-        """A message that left a work queue by its TTL: release its fingerprint and count it.
-        One that a quorum queue dropped past its delivery limit is poison instead: every
-        delivery of it ended without an outcome, and it must not come back."""
-        if death == "delivery_limit":
-            return self.give_up.poison_dropped(body)
-        return release_expired(body, self.seen)
-
-    def worker_error(self, body: bytes, exc: BaseException) -> Outcome:
-        """The outcome for a message whose processing raised an unexpected exception."""
-        return self.give_up.dead_letter_raw(body, "<unknown>", "worker_error",
-                                            f"{type(exc).__name__}: {exc}")
-
-    def record_dead_letter(self, mark: DoneMark | None, record: dict[str, Any] | None) -> None:
-        """A dead letter is confirmed: mark its URL done, append its failure record."""
-        self.give_up.record_dead_letter(mark, record)
 
     def warm(self) -> None:
         """Called by each fetch loop as it starts: the user code's children start now."""

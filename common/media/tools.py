@@ -56,6 +56,8 @@ MEMORY_LIMIT_BYTES = 1024 * 1024 * 1024
 TAIL_LINES = 5
 _TAIL_CHARS = 1000
 _HASH_CHUNK = 1024 * 1024
+#: What a SOCKS client says of the guard proxy's refusal (reply 2, "not allowed by ruleset").
+_REFUSED = "connection not allowed by ruleset"
 #: Sets the limits, then runs the tool's module as ``python -m`` would (argv: memory bytes,
 #: file-size bytes, module, the tool's arguments).
 _LAUNCHER = (
@@ -135,7 +137,8 @@ class ToolDownloader:
 
         Raises:
             FetchError: ``kind`` tool_missing (not installed, or no such tool), tool_failed
-                (it exited non-zero or wrote no file), timeout (transient: killed at
+                (it exited non-zero or wrote no file: the last lines of its output), blocked
+                (the guard proxy refused a connection of it), timeout (transient: killed at
                 MEDIA_TIMEOUT_S), too_large, type_refused.
             OSError: the spool directory could not be used (the worker's disk).
         """
@@ -158,6 +161,10 @@ class ToolDownloader:
             if grown or _over_cap(work / "log"):
                 raise FetchError(f"{redact_url(url)}: {tool}'s file is larger than "
                                  f"{run.max_bytes} bytes (MEDIA_MAX_BYTES)", kind="too_large",
+                                 sent_at=sent_at)
+            if code != 0 and _REFUSED in _read_end(work / "log"):
+                raise FetchError(f"{redact_url(url)}: a connection of {tool} was refused by the "
+                                 "address guard (FETCH_ALLOW_NETWORKS)", kind="blocked",
                                  sent_at=sent_at)
             if code != 0 or len(files) != 1:
                 what = (f"exited with {code}" if code != 0

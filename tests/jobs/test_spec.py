@@ -64,6 +64,8 @@ SEED = {"urls": ["http://shop.test/"]}
     ({"name": "a", "seeds": SEED, "media": {"max_bytes": {"image/*": "5MB"}}},
      "media.max_bytes", "'*=size'"),
     ({"name": "a", "seeds": SEED, "media": {"where": "s3://x"}}, "media.where", "unknown"),
+    ({"name": "a", "seeds": SEED, "media": {"prefix": "../../etc/"}}, "media.prefix",
+     "a key prefix is like"),
     ("just text", "", "mapping"),
 ])
 def test_a_bad_job_is_refused_naming_its_field(job, field, says):

@@ -9,6 +9,7 @@ role), so no key is ever printed with the settings.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from common.core import values
@@ -34,6 +35,21 @@ def _store(raw: str) -> str:
         raise ValueError(f"expected a directory, file:///path or s3://bucket[/prefix], got {raw!r}")
     if not text:
         raise ValueError("empty")
+    return text
+
+
+_PREFIX = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*/)*")
+
+
+def _prefix(raw: str) -> str:
+    """Path segments of letters, digits, ``.``, ``_``, ``-``, each ending in ``/`` (``shop/``,
+    ``2026/shop/``): a key prefix no store reads as a way out of its bucket or directory."""
+    text = raw.strip()
+    if text and not text.endswith("/"):
+        text += "/"
+    if not _PREFIX.fullmatch(text) or ".." in text.split("/"):
+        raise ValueError(f"a key prefix is like shop/ or 2026/shop/ (letters, digits, . _ -), "
+                         f"not {raw!r:.80}")
     return text
 
 
@@ -72,7 +88,7 @@ class MediaSettings(SettingsGroup):
         "Most bytes of assets a job's run may store (a job's `media.quota`); an asset past it "
         "is refused (`media_quota`). 0: no quota.")
     media_prefix: str = setting(
-        "MEDIA_PREFIX", values.text, "",
+        "MEDIA_PREFIX", _prefix, "",
         "Prefix of the keys assets are stored under (a job's `media.prefix`, e.g. `shop/`).")
     media_timeout_s: float = setting(
         "MEDIA_TIMEOUT_S", values.positive_float, "600",

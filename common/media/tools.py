@@ -189,10 +189,10 @@ class ToolDownloader:
             FetchError: ``timeout`` once MEDIA_TIMEOUT_S passed (its group killed first).
         """
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(work), "LC_ALL": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
-               "SSL_CERT_FILE": self.ca_file, "TMPDIR": str(work)}
-        command = [sys.executable, "-I", "-c", _LAUNCHER, str(MEMORY_LIMIT_BYTES),
-                   str(run.max_bytes + 1), tool.module, *tool.arguments(run)]
+               "SSL_CERT_FILE": self.ca_file, "TMPDIR": str(work)}  # nothing of the worker's
+        command = [sys.executable, "-I", "-B", "-c", _LAUNCHER,  # -I: no PYTHON* variables
+                   str(MEMORY_LIMIT_BYTES), str(run.max_bytes + 1), tool.module,
+                   *tool.arguments(run)]
         timeout_s = self.settings.media_timeout_s
         with (work / "log").open("wb") as log:
             child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,

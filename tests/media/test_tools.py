@@ -209,3 +209,14 @@ def test_a_redirect_hop_to_a_private_address_is_refused_by_the_guard_proxy(
     assert error.kind == "blocked", str(error)
     assert tools.proxy.refused == ["10.0.0.1:80"]
     assert list(spool.iterdir()) == []
+
+
+def test_a_tool_past_its_memory_limit_fails_with_a_memory_error(
+        site: MediaSite, spool: Path, make_tools: Callable[..., ToolDownloader]) -> None:
+    # python -m timeit runs its statement: 2 GiB, past the child's 1 GiB address space
+    greedy = Tool("timeit", lambda run: ["-n", "1", "-r", "1", "bytearray(2 * 1024 ** 3)"])
+    tools = make_tools(tools={"greedy": greedy})
+    error = _error(lambda: tools.download(site.url("/video/clip.mp4"), tool="greedy",
+                                          types=("*",), spool_dir=spool))
+    assert error.kind == "tool_failed" and "MemoryError" in str(error), str(error)
+    assert list(spool.iterdir()) == []

@@ -1,4 +1,4 @@
-"""Optional tool-backed downloaders (yt-dlp) behind the downloader's interface: off by default.
+"""Optional tool-backed downloaders (yt-dlp, gallery-dl) behind the downloader's interface: off by default.
 
 :class:`ToolDownloader` hands a media request's URL to an extraction tool (a site's page for a
 video, say) and returns the one file it wrote as a :class:`~common.media.download.Download`,
@@ -12,7 +12,7 @@ size and type. The tool is untrusted code as far as the worker goes, so each run
   more: a body that grows past every cap fails its write). The limits are set in the child,
   not in ``preexec_fn``, which is unsafe in the worker's threaded process;
 * given a clean environment (no credentials of the worker's, HOME its own temporary
-  directory), ``--no-config``, ``--no-cache-dir``, no plugin directories, the native
+  directory), no configuration file, no cache, no plugin directories; yt-dlp's native
   downloader only (no ffmpeg or aria2c connecting on its own);
 * connected only through a :class:`~common.web.browser_guard.GuardProxy` (SOCKS5 on
   loopback, started once per ToolDownloader): the proxy resolves each target and refuses it
@@ -58,6 +58,9 @@ _TAIL_CHARS = 1000
 _HASH_CHUNK = 1024 * 1024
 #: What a SOCKS client says of the guard proxy's refusal (reply 2, "not allowed by ruleset").
 _REFUSED = "connection not allowed by ruleset"
+#: What the tools say of a file over their size limit, and a write past RLIMIT_FSIZE (EFBIG).
+_OVER_CAP = ("larger than max-filesize", "file size larger than allowed maximum",
+             "[errno 27]")
 #: Sets the limits, then runs the tool's module as ``python -m`` would (argv: memory bytes,
 #: file-size bytes, module, the tool's arguments).
 _LAUNCHER = (
@@ -105,9 +108,23 @@ def yt_dlp_arguments(run: Run) -> list[str]:
     return [*arguments, "--", run.url]
 
 
+def gallery_dl_arguments(run: Run) -> list[str]:
+    """gallery-dl: the first file of a gallery's URL (or a direct link), into ``run.out_dir``."""
+    arguments = [
+        "--config-ignore", "--no-input", "--no-part", "--no-mtime", "--no-skip", "--range", "1",
+        "--retries", "1", "--http-timeout", f"{run.settings.read_timeout_s:g}",
+        "--proxy", run.proxy, "--filesize-max", str(run.max_bytes),
+        "--user-agent", run.settings.user_agent,
+        "--directory", str(run.out_dir), "--filename", "asset.{extension}"]
+    if trust.insecure(run.settings, urlsplit(run.url).hostname):
+        arguments.append("--no-check-certificate")
+    return [*arguments, "--", run.url]
+
+
 #: The tools a media request may name (MEDIA_TOOLS narrows them); each is optional: one whose
 #: module is not installed fails as ``tool_missing`` (requirements-media-tools.lock).
-TOOLS: dict[str, Tool] = {"yt-dlp": Tool("yt_dlp", yt_dlp_arguments)}
+TOOLS: dict[str, Tool] = {"yt-dlp": Tool("yt_dlp", yt_dlp_arguments),
+                          "gallery-dl": Tool("gallery_dl", gallery_dl_arguments)}
 
 
 class ToolDownloader:
@@ -162,7 +179,7 @@ class ToolDownloader:
                 raise FetchError(f"{redact_url(url)}: {tool}'s file is larger than "
                                  f"{run.max_bytes} bytes (MEDIA_MAX_BYTES)", kind="too_large",
                                  sent_at=sent_at)
-            if code != 0 and _REFUSED in _read_end(work / "log"):
+            if code != 0 and _REFUSED in _read_end(work / "log").lower():
                 raise FetchError(f"{redact_url(url)}: a connection of {tool} was refused by the "
                                  "address guard (FETCH_ALLOW_NETWORKS)", kind="blocked",
                                  sent_at=sent_at)
@@ -275,10 +292,10 @@ def _read_end(log: Path) -> str:
 
 
 def _over_cap(log: Path) -> bool:
-    """Whether the tool's output says the file is over ``--max-filesize`` (yt-dlp aborts such a
+    """Whether the tool's output says the file is over its size limit (yt-dlp aborts such a
     download before its body, exiting 0) or a write failed at RLIMIT_FSIZE (EFBIG)."""
-    text = _read_end(log)
-    return "larger than max-filesize" in text or "[Errno 27]" in text
+    text = _read_end(log).lower()
+    return any(sign in text for sign in _OVER_CAP)
 
 
 def _type_of(path: Path) -> str:

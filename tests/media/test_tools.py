@@ -1,9 +1,10 @@
-"""The tool-backed downloader (common/media/tools.py): yt-dlp in a limited child process, against
-Debian's nginx on loopback (devtools/media_site.py).
+"""The tool-backed downloaders (common/media/tools.py): yt-dlp and gallery-dl in a limited child
+process, against Debian's nginx on loopback (devtools/media_site.py).
 
 Every address is 127.0.0.1, reached by names /etc/hosts knows (``localhost``). The guard tests
 allow only 127.0.0.2 (no site there): the guard proxy refuses the site before connecting, and
-the site's access log stays empty; a redirect to 10.0.0.1 is refused before any connection. Each yt-dlp run takes ~1 s (its import).
+the site's access log stays empty; a redirect to 10.0.0.1 is refused before any connection.
+Each yt-dlp run takes ~1 s (its import), gallery-dl's ~0.5 s.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from devtools.media_site import MediaSite
 from tests.helpers import in_fetch_loop
 
 pytest.importorskip("yt_dlp", reason="requirements-media-tools.lock is not installed")
+pytest.importorskip("gallery_dl", reason="requirements-media-tools.lock is not installed")
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 CAPS = "image/*=1MB,video/*=1MB,*=32MB"
@@ -86,16 +88,17 @@ def _processes_naming(text: str) -> dict[int, int]:
     return found
 
 
-@pytest.mark.parametrize("where", ["thread", "fetch loop"])
-def test_yt_dlp_downloads_a_direct_video_file_into_a_spool_file_with_its_hash(
+@pytest.mark.parametrize(("tool", "where"), [("yt-dlp", "thread"), ("yt-dlp", "fetch loop"),
+                                             ("gallery-dl", "thread")])
+def test_a_tool_downloads_a_direct_video_file_into_a_spool_file_with_its_hash(
         site: MediaSite, spool: Path, make_tools: Callable[..., ToolDownloader],
-        where: str) -> None:
+        tool: str, where: str) -> None:
     tools = make_tools()
     url = site.url("/video/clip.mp4")
     loop = FetchLoop() if where == "fetch loop" else None
     try:
-        got = (tools.download(url, tool="yt-dlp", types=("video/*",), spool_dir=spool)
-               if loop is None else in_fetch_loop(loop, tools.download, url, tool="yt-dlp",
+        got = (tools.download(url, tool=tool, types=("video/*",), spool_dir=spool)
+               if loop is None else in_fetch_loop(loop, tools.download, url, tool=tool,
                                                   types=("video/*",), spool_dir=spool))
     finally:
         if loop is not None:
@@ -119,16 +122,17 @@ def test_a_tool_that_is_not_installed_or_not_known_is_tool_missing(
     assert list(spool.iterdir()) == []
 
 
-@pytest.mark.parametrize(("path", "caps", "how"), [
-    ("/big/huge.mp4", CAPS, "Content-Length of 2 GiB over every cap: refused before its body"),
-    ("/video/long.mp4", CAPS, "2 MB downloaded, over the 1 MB cap of video/*"),
-    ("/stream/medium.bin", "*=4MB", "8 MiB with no Content-Length: its write fails at 4 MB"),
+@pytest.mark.parametrize(("tool", "path", "caps", "how"), [
+    ("yt-dlp", "/big/huge.mp4", CAPS, "Content-Length 2 GiB over every cap: no body read"),
+    ("gallery-dl", "/big/huge.mp4", CAPS, "Content-Length 2 GiB over every cap: no body read"),
+    ("yt-dlp", "/video/long.mp4", CAPS, "2 MB downloaded, over the 1 MB cap of video/*"),
+    ("yt-dlp", "/stream/medium.bin", "*=4MB", "8 MiB, no Content-Length: a write fails at 4 MB"),
 ])
 def test_a_file_over_its_cap_is_too_large_and_leaves_nothing_in_the_spool_dir(
         site: MediaSite, spool: Path, make_tools: Callable[..., ToolDownloader],
-        path: str, caps: str, how: str) -> None:
+        tool: str, path: str, caps: str, how: str) -> None:
     tools = make_tools(media_max_bytes=parse_caps(caps))
-    error = _error(lambda: tools.download(site.url(path), tool="yt-dlp", types=("*",),
+    error = _error(lambda: tools.download(site.url(path), tool=tool, types=("*",),
                                           spool_dir=spool))
     assert error.kind == "too_large", (how, str(error))
     assert list(spool.iterdir()) == []
@@ -185,15 +189,17 @@ def test_a_hung_tool_is_killed_at_the_timeout_with_its_whole_process_group(
     assert list(spool.iterdir()) == []
 
 
+@pytest.mark.parametrize("tool", ["yt-dlp", "gallery-dl"])
 def test_the_guard_proxy_refuses_an_address_the_guard_refuses_before_connecting(
-        site: MediaSite, spool: Path, make_tools: Callable[..., ToolDownloader]) -> None:
+        site: MediaSite, spool: Path, make_tools: Callable[..., ToolDownloader],
+        tool: str) -> None:
     # 127.0.0.2 only: localhost (127.0.0.1 in /etc/hosts) is refused
     tools = make_tools(fetch_allow_networks=(ipaddress.ip_network("127.0.0.2/32"),))
     since = site.log_offset()
     port = site.url("/").rsplit(":", 1)[1].split("/", 1)[0]
     for host in ("localhost", "127.0.0.1"):
         error = _error(lambda host=host: tools.download(
-            site.url("/video/clip.mp4", host=host), tool="yt-dlp", types=("video/*",),
+            site.url("/video/clip.mp4", host=host), tool=tool, types=("video/*",),
             spool_dir=spool))
         assert error.kind == "blocked", str(error)
         assert f"{host}:{port}" in tools.proxy.refused
@@ -201,13 +207,15 @@ def test_the_guard_proxy_refuses_an_address_the_guard_refuses_before_connecting(
     assert list(spool.iterdir()) == []
 
 
+@pytest.mark.parametrize("tool", ["yt-dlp", "gallery-dl"])
 def test_a_redirect_hop_to_a_private_address_is_refused_by_the_guard_proxy(
-        site: MediaSite, spool: Path, make_tools: Callable[..., ToolDownloader]) -> None:
+        site: MediaSite, spool: Path, make_tools: Callable[..., ToolDownloader],
+        tool: str) -> None:
     tools = make_tools()  # loopback allowed: the first hop is fetched, the second refused
-    error = _error(lambda: tools.download(site.url("/redirect/blocked.png"), tool="yt-dlp",
+    error = _error(lambda: tools.download(site.url("/redirect/blocked.png"), tool=tool,
                                           types=("image/*",), spool_dir=spool))
     assert error.kind == "blocked", str(error)
-    assert tools.proxy.refused == ["10.0.0.1:80"]
+    assert set(tools.proxy.refused) == {"10.0.0.1:80"}  # gallery-dl tries twice (--retries 1)
     assert list(spool.iterdir()) == []
 
 

@@ -206,7 +206,8 @@ class ToolDownloader:
             FetchError: ``timeout`` once MEDIA_TIMEOUT_S passed (its group killed first).
         """
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(work), "LC_ALL": "C.UTF-8",
-               "SSL_CERT_FILE": self.ca_file, "TMPDIR": str(work)}  # nothing of the worker's
+               "SSL_CERT_FILE": self.ca_file, "REQUESTS_CA_BUNDLE": self.ca_file,
+               "TMPDIR": str(work)}  # nothing of the worker's: no credentials, no proxies
         command = [sys.executable, "-I", "-B", "-c", _LAUNCHER,  # -I: no PYTHON* variables
                    str(MEMORY_LIMIT_BYTES), str(run.max_bytes + 1), tool.module,
                    *tool.arguments(run)]

@@ -23,7 +23,9 @@ from common.core.errors import FetchError
 from common.core.media_types import parse_caps
 from common.media.tools import Tool, ToolDownloader, yt_dlp_arguments
 from common.web.multi import FetchLoop
-from devtools.media_site import MediaSite
+from devtools.media_site import MediaSite, png
+from devtools.nginx_site import NginxSite
+from devtools.tls import make_pki
 from tests.helpers import in_fetch_loop
 
 pytest.importorskip("yt_dlp", reason="requirements-media-tools.lock is not installed")
@@ -227,4 +229,25 @@ def test_a_tool_past_its_memory_limit_fails_with_a_memory_error(
     error = _error(lambda: tools.download(site.url("/video/clip.mp4"), tool="greedy",
                                           types=("*",), spool_dir=spool))
     assert error.kind == "tool_failed" and "MemoryError" in str(error), str(error)
+    assert list(spool.iterdir()) == []
+
+
+@pytest.mark.parametrize("tool", ["yt-dlp", "gallery-dl"])
+def test_https_trusts_fetch_ca_bundle_and_nothing_else(
+        tmp_path: Path, spool: Path, make_tools: Callable[..., ToolDownloader],
+        tool: str) -> None:
+    pki = make_pki(tmp_path / "pki")
+    root = tmp_path / "docroot"
+    root.mkdir()
+    image = png(12, 12, 7)
+    (root / "a.png").write_bytes(image)
+    with NginxSite(root, tls=pki.leaf, server_extra="        types { image/png png; }\n") as tls:
+        url = tls.url("/a.png")
+        got = make_tools(fetch_ca_bundle=str(pki.ca_cert)).download(
+            url, tool=tool, types=("image/*",), spool_dir=spool)
+        assert got.path is not None and got.path.read_bytes() == image
+        got.path.unlink()
+        error = _error(lambda: make_tools().download(url, tool=tool, types=("image/*",),
+                                                     spool_dir=spool))
+    assert error.kind == "tool_failed" and "certificate" in str(error).lower(), str(error)
     assert list(spool.iterdir()) == []

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import mimetypes
 import os
 import shutil
@@ -49,6 +50,8 @@ from common.media.download import Download
 from common.web import multi, trust
 from common.web.browser_guard import GuardProxy
 from common.web.netguard import AddressGuard
+
+logger = logging.getLogger(__name__)
 
 #: Address space of a tool's child process (RLIMIT_AS): yt-dlp needs ~100 MB.
 MEMORY_LIMIT_BYTES = 1024 * 1024 * 1024
@@ -172,7 +175,11 @@ class ToolDownloader:
             out_dir.mkdir()
             proxy = self.proxy.url.replace("socks5://", "socks5h://", 1)  # the proxy resolves
             run = Run(url, out_dir, largest_cap(caps), proxy, self.settings)
-            code = self._run(self.tools[tool], run, work)
+            try:
+                code = self._run(self.tools[tool], run, work)
+            except FetchError as exc:  # the timeout
+                exc.sent_at = sent_at
+                raise
             files = sorted(p for p in out_dir.iterdir() if p.is_file())
             grown = [p for p in files if p.stat().st_size > run.max_bytes]
             if grown or _over_cap(work / "log"):
@@ -197,7 +204,7 @@ class ToolDownloader:
                 kept.unlink(missing_ok=True)
             raise
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(work, onerror=_not_removed)
 
     def _run(self, tool: Tool, run: Run, work: Path) -> int:
         """The tool's child process to its end; its exit code (a signal's is negative).
@@ -290,6 +297,10 @@ def _read_end(log: Path) -> str:
             return file.read().decode("utf-8", "replace")
     except FileNotFoundError:
         return ""
+
+
+def _not_removed(_function: object, path: str, info: object) -> None:
+    logger.warning("a tool's file %s could not be removed: %s", path, info)
 
 
 def _over_cap(log: Path) -> bool:

@@ -182,6 +182,7 @@ def test_a_hung_tool_is_killed_at_the_timeout_with_its_whole_process_group(
         done.set()
         watcher.join()
     assert error.kind == "timeout" and error.transient and "MEDIA_TIMEOUT_S" in str(error)
+    assert error.sent_at is not None
     assert seen, "the tool's process was never seen"
     for group in set(seen.values()):
         assert group != os.getpgrp()  # a session of its own

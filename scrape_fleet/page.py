@@ -118,7 +118,7 @@ class Page:
 
     def download(self, urls: str | Iterable[str | None] | None, kind: str = "image", *,
                  types: str | Iterable[str] | None = None, priority: bool = False,
-                 meta: Mapping[str, Any] | None = None) -> Request:
+                 meta: Mapping[str, Any] | None = None, tool: str | None = None) -> Request:
         """A request to download ``urls`` as assets (images, PDFs, videos...) and store each
         once by its content hash (docs/media.md), to yield or return from a handler.
 
@@ -130,9 +130,11 @@ class Page:
                 the kind's, within the fleet's MEDIA_TYPES.
             priority: download them before other assets.
             meta: a JSON-serialisable dict (at most 4 KiB) kept in their asset records.
+            tool: ``"yt-dlp"`` or ``"gallery-dl"``: a page holding the media (a video page,
+                a gallery) is handed to that tool, if the fleet's MEDIA_TOOLS allows it.
 
         Raises:
             ValueError, TypeError: a bad kind, type or meta.
         """
         return Request.build(self.url, urls, priority=priority, meta=meta,
-                             media=media_request(kind, types))
+                             media=media_request(kind, types, tool))

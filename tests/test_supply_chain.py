@@ -30,6 +30,7 @@ LOCKS = {
     "requirements-dev.txt": "requirements-dev.lock",
     "bench/requirements-bench.txt": "bench/requirements-bench.lock",
     "requirements-render.txt": "requirements-render.lock",
+    "requirements-media-tools.txt": "requirements-media-tools.lock",
 }
 #: Who installs which lock (the file and the lock its pip install must read).
 INSTALLERS = {

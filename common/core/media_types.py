@@ -27,7 +27,7 @@ KINDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def media_request(kind: Any, types: Any) -> dict[str, Any]:
+def media_request(kind: Any, types: Any, tool: Any = None) -> dict[str, Any]:
     """The ``media`` field of a handler's ``page.download`` (without its page): ``kind`` and
     the ``types`` it narrows MEDIA_TYPES to (None: the kind's).
 
@@ -42,7 +42,15 @@ def media_request(kind: Any, types: Any) -> dict[str, Any]:
         if not types:
             raise ValueError("types: name at least one media type")
         field["types"] = [check_pattern(t) for t in types]
+    if tool is not None:
+        if tool not in TOOLS:
+            raise ValueError(f"tool must be one of {', '.join(TOOLS)}, not {tool!r:.40}")
+        field["tool"] = tool
     return field
+
+
+#: The extraction tools a request may name (common/media/tools.py; MEDIA_TOOLS enables them).
+TOOLS = ("yt-dlp", "gallery-dl")
 
 
 def media_type_of(content_type: str | None) -> str:

@@ -41,9 +41,8 @@ from common.core.errors import FetchError
 from common.core.redact import redact_url
 from common.media.download_transfer import MediaTransfer
 from common.web import trust
-from common.web.curl import new_easy_handle, sendable
+from common.web.curl import new_easy_handle, next_hop, perform_once, sendable
 from common.web.curl_errors import classify
-from common.web.fetch import next_hop, perform_once
 from common.web.netguard import AddressGuard
 
 logger = logging.getLogger(__name__)

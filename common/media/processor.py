@@ -31,6 +31,7 @@ from common.intake.crawl import ThreadProducers
 from common.media.download import Downloader
 from common.media.steps import FetchAsset, RecordAsset, StoreAsset
 from common.media.store import AssetStore, open_store
+from common.media.tools import ToolDownloader
 from common.store.dedupe import DoneSet, SeenSet
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter
@@ -81,8 +82,9 @@ class MediaProcessor(Endings):
         self.admit = Admit(limiter, results, self.give_up, client, use_cache=False,
                            max_wait_s=settings.max_wait_s, jobs=jobs)
         self.producers = ThreadProducers(settings, client)  # redirects to other origins
+        self.tools = ToolDownloader(settings) if settings.media_tools else None
         self.fetch = FetchAsset(self.downloader, limiter, jobs, self.producers,
-                                settings.max_redirects)
+                                settings.max_redirects, self.tools)
         self.put = StoreAsset(self.store, client, jobs)
         self.record = RecordAsset(results, settings)
 
@@ -111,6 +113,8 @@ class MediaProcessor(Endings):
     def close(self) -> None:
         self.watch.stop()
         self.downloader.close()
+        if self.tools is not None:
+            self.tools.close()
         self.producers.close()
         if self.gate is not None:
             self.gate.proxies.flush()

@@ -18,6 +18,7 @@ the pages of its site:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -85,6 +86,8 @@ def media_field(extra: dict[str, Any]) -> dict[str, Any]:
             raise BadMessage(f"media.types: {exc}") from None
     if not isinstance(media.get("page", ""), str):
         raise BadMessage("media.page must be a URL")
+    if not isinstance(media.get("tool", ""), str):
+        raise BadMessage("media.tool must be a tool's name (yt-dlp, gallery-dl)")
     return media
 
 
@@ -119,8 +122,9 @@ def offload(call: Callable[..., T], *args: Any) -> T:
 
 class FetchAsset:
     def __init__(self, downloader: Any, limiter: RateLimiter, jobs: JobBook,
-                 producers: ThreadProducers, max_redirects: int) -> None:
+                 producers: ThreadProducers, max_redirects: int, tools: Any = None) -> None:
         self.downloader = downloader  # common/media/download.py
+        self.tools = tools  # common/media/tools.py: MEDIA_TOOLS' (None: none)
         self.limiter = limiter
         self.jobs = jobs
         self.producers = producers  # a redirect to another origin: a request of its own
@@ -138,11 +142,21 @@ class FetchAsset:
             return DeadLetter(Failure("fetch_type_refused", error=(
                 f"{media['kind']} {media.get('types') or ''}: none of MEDIA_TYPES "
                 f"{','.join(settings.media_types)}")), unless_done=True)
+        tool = media.get("tool")
+        if tool is not None and (self.tools is None or tool not in settings.media_tools):
+            return DeadLetter(Failure("fetch_tool_refused", error=(
+                f"media.tool {tool!r:.40} is not in MEDIA_TOOLS "
+                f"{','.join(settings.media_tools) or '(empty)'}")), unless_done=True)
         trip.progress.enter("fetch")
         try:
-            download = self.downloader.download(trip.url, types=types,
-                                                caps=settings.media_max_bytes,
-                                                follow=follow_rule(trip.url, trip.rules))
+            if tool is not None:  # a child process; its hashing must not hold the loop
+                download = offload(functools.partial(
+                    self.tools.download, trip.url, tool=tool, types=types,
+                    caps=settings.media_max_bytes))
+            else:
+                download = self.downloader.download(trip.url, types=types,
+                                                    caps=settings.media_max_bytes,
+                                                    follow=follow_rule(trip.url, trip.rules))
         except FetchError as exc:
             retime = Retime(trip.admission.permit, exc.sent_at)
             failure = Failure(f"fetch_{exc.kind}", error=f"{exc.kind}: {exc}")

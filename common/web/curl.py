@@ -29,13 +29,17 @@ from __future__ import annotations
 
 import math
 import socket
+import time
 from typing import Protocol
-from urllib.parse import SplitResult
+from urllib.parse import SplitResult, urljoin, urlsplit
 
 import pycurl
 
 from common.core.config import Settings
-from common.web import trust
+from common.core.errors import FetchError
+from common.core.redact import redact_url
+from common.core.urls import without_credentials
+from common.web import multi, trust
 from common.web.decoding import DECODED_ENCODINGS, OFFERED_ENCODINGS, DecodeError, Decoder
 from common.web.netguard import AddressGuard
 
@@ -264,3 +268,47 @@ def new_easy_handle(settings: Settings, transfer: Transfer) -> pycurl.Curl:
         curl.setopt(pycurl.VERBOSE, 1)
         curl.setopt(pycurl.DEBUGFUNCTION, debug)
     return curl
+
+
+def perform_once(curl: pycurl.Curl, url: str, remaining_ms: int, connect_timeout_s: float
+                 ) -> tuple[pycurl.error | None, float | None]:
+    """One request of ``curl`` to ``url`` within ``remaining_ms`` (connecting within
+    CONNECT_TIMEOUT_S), run by the caller's fetch loop when it has one: libcurl's error (None
+    when it went through) and the wall-clock time the request was sent (None: never sent).
+
+    Raises:
+        FetchError: ``invalid``: a URL libcurl refuses.
+    """
+    try:
+        curl.setopt(pycurl.URL, url)
+    except (pycurl.error, UnicodeError, TypeError) as exc:
+        raise FetchError(f"invalid URL {redact_url(url[:200])!r}: {exc}",
+                         kind="invalid") from None
+    curl.setopt(pycurl.TIMEOUT_MS, remaining_ms)
+    curl.setopt(pycurl.CONNECTTIMEOUT_MS, max(1, min(remaining_ms, int(connect_timeout_s * 1000))))
+    started_wall = time.time()
+    error: pycurl.error | None = None
+    try:
+        multi.perform(curl)  # this thread's, or its fetch loop's (common/web/multi.py)
+    except pycurl.error as exc:
+        error = exc
+    pretransfer_s = curl.getinfo(pycurl.PRETRANSFER_TIME)
+    return error, started_wall + pretransfer_s if pretransfer_s > 0 else None
+
+
+def next_hop(current: str, location: str) -> str:
+    """The absolute URL a redirect's ``Location`` names, credentials and fragment dropped.
+
+    Raises:
+        FetchError: ``bad_redirect``: not a URL, or not http(s).
+    """
+    try:
+        target = urljoin(current, location.strip())
+        scheme = urlsplit(target).scheme
+    except ValueError as exc:
+        raise FetchError(f"bad redirect location {redact_url(location[:200])!r}: {exc}",
+                         kind="bad_redirect") from None
+    if scheme not in ("http", "https"):
+        raise FetchError(f"redirect to a non-http URL: {without_credentials(target)[:200]}",
+                         kind="bad_redirect")
+    return without_credentials(target.split("#", 1)[0])

@@ -40,17 +40,24 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 import pycurl
 
 from common.core.config import Settings
 from common.core.errors import FetchError
 from common.core.redact import redact_url
-from common.core.urls import without_credentials
-from common.web import multi, trust
+from common.web import trust
 from common.web.capture import ArchivingTransfer, Exchange
-from common.web.curl import BASE_HEADERS, MAX_HEADER_LINES, Transfer, new_easy_handle, pin
+from common.web.curl import (
+    BASE_HEADERS,
+    MAX_HEADER_LINES,
+    Transfer,
+    new_easy_handle,
+    next_hop,
+    perform_once,
+    pin,
+)
 from common.web.curl_errors import classify
 from common.web.identity import CookieJar, Identity
 from common.web.netguard import AddressGuard
@@ -311,46 +318,3 @@ class Fetcher:
         return sent_at
 
 
-
-def perform_once(curl: pycurl.Curl, url: str, remaining_ms: int, connect_timeout_s: float
-                 ) -> tuple[pycurl.error | None, float | None]:
-    """One request of ``curl`` to ``url`` within ``remaining_ms`` (connecting within
-    CONNECT_TIMEOUT_S), run by the caller's fetch loop when it has one: libcurl's error (None
-    when it went through) and the wall-clock time the request was sent (None: never sent).
-
-    Raises:
-        FetchError: ``invalid``: a URL libcurl refuses.
-    """
-    try:
-        curl.setopt(pycurl.URL, url)
-    except (pycurl.error, UnicodeError, TypeError) as exc:
-        raise FetchError(f"invalid URL {redact_url(url[:200])!r}: {exc}",
-                         kind="invalid") from None
-    curl.setopt(pycurl.TIMEOUT_MS, remaining_ms)
-    curl.setopt(pycurl.CONNECTTIMEOUT_MS, max(1, min(remaining_ms, int(connect_timeout_s * 1000))))
-    started_wall = time.time()
-    error: pycurl.error | None = None
-    try:
-        multi.perform(curl)  # this thread's, or its fetch loop's (common/web/multi.py)
-    except pycurl.error as exc:
-        error = exc
-    pretransfer_s = curl.getinfo(pycurl.PRETRANSFER_TIME)
-    return error, started_wall + pretransfer_s if pretransfer_s > 0 else None
-
-
-def next_hop(current: str, location: str) -> str:
-    """The absolute URL a redirect's ``Location`` names, credentials and fragment dropped.
-
-    Raises:
-        FetchError: ``bad_redirect``: not a URL, or not http(s).
-    """
-    try:
-        target = urljoin(current, location.strip())
-        scheme = urlsplit(target).scheme
-    except ValueError as exc:
-        raise FetchError(f"bad redirect location {redact_url(location[:200])!r}: {exc}",
-                         kind="bad_redirect") from None
-    if scheme not in ("http", "https"):
-        raise FetchError(f"redirect to a non-http URL: {without_credentials(target)[:200]}",
-                         kind="bad_redirect")
-    return without_credentials(target.split("#", 1)[0])

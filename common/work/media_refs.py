@@ -3,13 +3,16 @@
 A rule's ``media`` is one mapping or a list of them::
 
     media: {css: "img.product::attr(src)", kind: image, types: [image/*], limit: 50}
+    media: {css: "a.video::attr(href)", kind: video, tool: yt-dlp}   # MEDIA_TOOLS
     media: [{css: "img.product::attr(src)"}, {xpath: "//a[@class='manual']/@href", kind: document}]
 
 ``css`` or ``xpath`` selects the references (an attribute, or an element's text), ``kind`` names
 what they are (:data:`common.core.media_types.KINDS`; default ``image``), ``types`` narrows the
 media types a download may be (default: the kind's), ``limit`` caps the references a page
-gives (default and most :data:`MAX_PER_PAGE`). They are read on the page's one tree, during its
-one parse (:func:`collect`), resolved against its URL; only http and https are kept.
+gives (default and most :data:`MAX_PER_PAGE`), ``tool`` an extraction tool to run instead
+of a plain download (yt-dlp, gallery-dl: only when MEDIA_TOOLS lists it). They are read on
+the page's one tree, during its one parse (:func:`collect`), resolved against its URL; only
+http and https are kept.
 
 Published (:func:`request_media`) through the producer path with the page's claim token, like
 its links: deduplicated as assets (their own fingerprint, ``identity_url``), sent to the media
@@ -28,13 +31,13 @@ from urllib.parse import urljoin
 from lxml import etree
 
 from common.core.errors import ConfigError
-from common.core.media_types import KINDS, check_pattern
+from common.core.media_types import KINDS, TOOLS, check_pattern
 
 logger = logging.getLogger(__name__)
 
 #: Most references one page gives (a rule's ``limit`` may only lower it).
 MAX_PER_PAGE = 1000
-MEDIA_KEYS = {"css", "xpath", "kind", "types", "limit"}
+MEDIA_KEYS = {"css", "xpath", "kind", "types", "limit", "tool"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,7 @@ class MediaSpec:
     kind: str = "image"
     types: tuple[str, ...] | None = None  # None: the kind's (narrowed by MEDIA_TYPES)
     limit: int = MAX_PER_PAGE
+    tool: str | None = None  # an extraction tool (MEDIA_TOOLS) instead of a plain download
 
 
 def compile_media(value: Any, where: str, compile_css: Any, compile_xpath: Any
@@ -89,7 +93,11 @@ def compile_media(value: Any, where: str, compile_css: Any, compile_xpath: Any
         if type(limit) is not int or not 1 <= limit <= MAX_PER_PAGE:
             raise ConfigError(f"EXTRACT_RULES {label} limit: a whole number from 1 to "
                               f"{MAX_PER_PAGE}, not {limit!r:.40}")
-        specs.append(MediaSpec(xpath, kind, types, limit))
+        tool = entry.get("tool")
+        if tool is not None and tool not in TOOLS:
+            raise ConfigError(f"EXTRACT_RULES {label} tool: one of {', '.join(TOOLS)}, "
+                              f"not {tool!r:.40}")
+        specs.append(MediaSpec(xpath, kind, types, limit, tool))
     return tuple(specs)
 
 
@@ -114,6 +122,8 @@ def collect(specs: tuple[MediaSpec, ...], root: etree._Element, base_url: str
             media: dict[str, Any] = {"kind": spec.kind}
             if spec.types is not None:
                 media["types"] = list(spec.types)
+            if spec.tool is not None:
+                media["tool"] = spec.tool
             groups.append({"urls": urls, "media": media})
     return groups
 

@@ -62,3 +62,6 @@ def test_a_handlers_download_names_a_known_kind_and_good_types():
         media_request("photo", None)
     with pytest.raises(ValueError, match="at least one"):
         media_request("image", [])
+    assert media_request("video", None, "yt-dlp") == {"kind": "video", "tool": "yt-dlp"}
+    with pytest.raises(ValueError, match="tool must be one of"):
+        media_request("video", None, "curl")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 from collections import Counter
@@ -286,3 +287,27 @@ def test_a_handlers_downloads_are_stored_with_their_meta(
     assert sorted(r["items"][0]["title"] for r in pages_by_url.values()) == [
         f"Product {i}" for i in range(len(media_site.pages()))]
     assert {url for r in pages_by_url.values() for url in r["assets"]} == set(records)
+
+
+def test_a_request_naming_a_tool_runs_it_only_when_media_tools_allows_it(
+        settings, redis_client, media_site, tmp_path, s3_env, s3_bucket):
+    clip = os.urandom(200_000)
+    (media_site.root / "video").mkdir()
+    (media_site.root / "video" / "clip.mp4").write_bytes(clip)
+    (media_site.root / "video" / "other.mp4").write_bytes(clip[::-1])
+    by_tool = {media_site.url("/video/clip.mp4"): "yt-dlp",
+               media_site.url("/video/other.mp4"): "gallery-dl"}
+    with Producer(settings, redis_client) as producer:
+        for url, tool in by_tool.items():
+            producer.submit([url], extra={"media": {"kind": "video", "tool": tool,
+                                                    "page": "http://x.test/"}})
+    fleet = _fleet(settings, tmp_path, s3_bucket, s3_env, media_worker=True, cache_ttl_s=0,
+                   media_tools=("yt-dlp",))
+    with WorkerThread(fleet) as worker:
+        assert worker.join(90) == 0
+    [record] = assets(redis_client)
+    assert (record["url"], record["sha256"], record["content_type"]) == (
+        media_site.url("/video/clip.mp4"), hashlib.sha256(clip).hexdigest(), "video/mp4")
+    [refused] = [json.loads(f[b"json"]) for _id, f in redis_client.xrange("failures")]
+    assert (refused["url"], refused["reason"]) == (media_site.url("/video/other.mp4"),
+                                                   "fetch_tool_refused")

@@ -16,6 +16,7 @@ from common.media.steps import media_field, offload
     ({"media": {"kind": "image", "types": []}}, "media.types"),
     ({"media": {"kind": "image", "types": ["png"]}}, "a media type is like"),
     ({"media": {"kind": "image", "page": 5}}, "media.page"),
+    ({"media": {"kind": "video", "tool": ["yt-dlp"]}}, "media.tool"),
 ])
 def test_a_malformed_media_field_is_a_bad_message_saying_why(extra, says):
     with pytest.raises(BadMessage) as caught:

@@ -52,6 +52,7 @@ def test_a_rule_with_only_media_needs_no_fields():
     ('{"css": "img::attr(src)", "limit": true}', "limit"),
     ('{"css": "img::attr(src)", "where": "x"}', "unknown key(s) where"),
     ('[]', "an empty list"),
+    ('{"css": "a::attr(href)", "kind": "video", "tool": "wget"}', "tool: one of"),
     ('"img"', "expected a mapping"),
 ])
 def test_a_bad_media_entry_stops_the_worker_at_start_naming_the_rule(media, says):

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from common.core import values
-from common.core.media_types import check_pattern, parse_caps
+from common.core.media_types import TOOLS, check_pattern, parse_caps
 from common.core.settings.declare import SettingsGroup, setting
 
 
@@ -36,6 +36,14 @@ def _store(raw: str) -> str:
     if not text:
         raise ValueError("empty")
     return text
+
+
+def _tools(raw: str) -> tuple[str, ...]:
+    tools = tuple(t.strip() for t in raw.split(",") if t.strip())
+    unknown = [t for t in tools if t not in TOOLS]
+    if unknown:
+        raise ValueError(f"unknown tool(s) {', '.join(unknown)}: {', '.join(TOOLS)}")
+    return tools
 
 
 _PREFIX = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*/)*")
@@ -90,6 +98,12 @@ class MediaSettings(SettingsGroup):
     media_prefix: str = setting(
         "MEDIA_PREFIX", _prefix, "",
         "Prefix of the keys assets are stored under (a job's `media.prefix`, e.g. `shop/`).")
+    media_tools: tuple[str, ...] = setting(
+        "MEDIA_TOOLS", _tools, "",
+        "Extraction tools a media request may name (`tool: yt-dlp` in a rule's `media`, "
+        "`page.download(..., tool=)`): `yt-dlp`, `gallery-dl`, comma-separated; empty: none. "
+        "Each runs in a child process with a time and memory limit, every connection through "
+        "the address guard's proxy (pip install -r requirements-media-tools.lock).")
     media_timeout_s: float = setting(
         "MEDIA_TIMEOUT_S", values.positive_float, "600",
         "Longest one download may take in all (each resumed part counts).")

@@ -43,6 +43,10 @@ WAITING=(
     tests/web/test_browser_features.py
     tests/web/test_browser_renderer.py
     tests/media/test_media_fleet.py
+    tests/media/test_tools.py
+    tests/media/test_download.py
+    tests/test_media_cost.py
+    tests/sink/test_assets_sinks.py
 )
 
 split=1
@@ -71,7 +75,7 @@ show_waiting() {
 # Job control for this one command: the background pytest gets its own process group with
 # SIGINT at its default, so that an interrupt stops it through pytest (its servers torn down).
 set -m
-.venv/bin/python -m pytest -o cache_dir=.pytest_cache/waiting "$@" "${WAITING[@]}" \
+.venv/bin/python -m pytest -o cache_dir=.pytest_cache/waiting --durations=15 "$@" "${WAITING[@]}" \
     < /dev/null > "$side_log" 2>&1 &
 side=$!
 set +m
@@ -84,7 +88,7 @@ for path in "${WAITING[@]}"; do
     ignores+=("--ignore=$path")
 done
 main=0
-.venv/bin/python -m pytest "$@" "${ignores[@]}" || main=$?
+.venv/bin/python -m pytest --durations=25 "$@" "${ignores[@]}" || main=$?
 waiting=0
 wait "$side" || waiting=$?
 trap - EXIT

@@ -72,7 +72,7 @@ def test_compose_has_the_broker_redis_worker_and_tool_services(compose):
     assert set(compose["services"]) == {
         "rabbitmq", "redis", "scraper", "api", "producer", "sitemap_producer", "tools",
         "prometheus", "grafana", "sink", "sink-postgres", "postgres", "scheduler", "image",
-        "renderer", "render-image"}
+        "renderer", "render-image", "downloader", "minio"}
 
 
 def test_the_image_is_built_once_and_never_over_fleet_image(tmp_path):

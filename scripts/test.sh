@@ -47,6 +47,7 @@ WAITING=(
     tests/media/test_download.py
     tests/test_media_cost.py
     tests/sink/test_assets_sinks.py
+    tests/test_adaptive_politeness.py
 )
 
 split=1

@@ -26,6 +26,7 @@ from bench.shared import FLEET_ENV_OVERRIDES, OUT_DIR, REPO_ROOT, Sizes
 # Targets from the issue (2-core machine).
 TARGET_RATIO = 4.0  # issue 16: at the defaults, alternating rounds, ratio of totals
 TARGET_CPU_MS = 2.5
+TARGET_CPU_RATIO = 5.0  # issue 31: scrapy-redis's CPU a page over the fleet's
 TARGET_RSS_MB = 80.0
 TARGET_ROUND_TRIPS = 2.0
 TARGET_PRODUCER_PER_S = 5000.0
@@ -48,6 +49,8 @@ FIGURES: tuple[str, ...] = (
     "Crawlee pages/s",
     "fleet / Crawlee",
     "worker CPU per page",
+    "scrapy-redis CPU per page",
+    "scrapy-redis CPU / fleet CPU per page",
     "worker peak RSS",
     "Redis round trips per page, hot path",
     "Redis round trips per page, all",
@@ -140,6 +143,14 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
     add_peers(add, fleet, phases, spiders)
     cpu = fleet.get("cpu_ms_per_page")
     add("worker CPU per page", cpu, "ms", f"<= {TARGET_CPU_MS:g}", judge(cpu, at_most=TARGET_CPU_MS))
+    # Per unit of CPU, the figure that does not move with the VM's load (issue 31): the
+    # spiders' own CPU a page over the workers'.
+    peer_cpu = None if peer_skipped else peer.get("cpu_ms_per_page")
+    add("scrapy-redis CPU per page", peer_cpu, f"ms, {spiders} spider processes", "",
+        "skipped" if peer_skipped else "info")
+    cheaper = peer_cpu / cpu if peer_cpu and cpu else None
+    add("scrapy-redis CPU / fleet CPU per page", cheaper, "x", f">= {TARGET_CPU_RATIO:g}",
+        "skipped" if peer_skipped else judge(cheaper, at_least=TARGET_CPU_RATIO))
     rss = fleet.get("rss_mb")
     add("worker peak RSS", rss, "MB", f"<= {TARGET_RSS_MB:g}", judge(rss, at_most=TARGET_RSS_MB), 1)
     hot = fleet.get("hot_round_trips_per_page")

@@ -239,6 +239,12 @@ class Identities:
         if not self.client.set(lock, self.worker_id, nx=True, px=self.lock_ms):
             return Park(LOGIN_BUSY_MS, "session login in progress")
         try:
+            # The jar was read before the lock: another worker may have logged the session in
+            # and let go of the lock since. Its login (and cookies) are read again on return.
+            fresh = self.client.hget(session.jar_key, LOGIN_FIELD)
+            fresh_state = _login_state(fresh.decode() if fresh is not None else None)
+            if fresh_state.get("spec") == digest and fresh_state.get("ok") is True:
+                return Park(LOGIN_BUSY_MS, "session logged in meanwhile")
             try:
                 log_in(self.fetcher, identity, spec)
             except LoginFailed as exc:

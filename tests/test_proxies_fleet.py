@@ -113,7 +113,8 @@ def test_a_crawl_through_three_proxies_one_dead_loses_nothing_and_spreads_load(
     by_url = _by_url(redis_client)  # one result per URL
     assert set(by_url) == set(urls)
     assert all(record["status"] == 200 for record in by_url.values())
-    assert redis_client.xlen("failures") == 0
+    assert redis_client.xlen("failures") == 0, [  # which URL, and why
+        fields for _id, fields in redis_client.xrange("failures")]
     fetched = Counter(r.path for r in site.log if r.path.startswith("/page/"))
     _once_unless_retried(fetched, by_url, site)
     served = {one.port: _pages(one, site), two.port: _pages(two, site)}
@@ -157,7 +158,8 @@ def test_a_proxy_and_a_worker_killed_mid_crawl_lose_no_url(
     by_url = _by_url(redis_client)  # one result per URL, kill or not
     assert set(by_url) == set(urls)
     assert all(record["status"] == 200 for record in by_url.values())
-    assert redis_client.xlen("failures") == 0
+    assert redis_client.xlen("failures") == 0, [  # which URL, and why
+        fields for _id, fields in redis_client.xrange("failures")]
     assert 0 < through_doomed < PAGES // 2
     fetched = Counter(r.path for r in site.log if r.path.startswith("/page/"))
     assert len(fetched) == PAGES  # a page fetched twice: only one the kill -9 interrupted

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +31,11 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, st
 @pytest.fixture
 def s3_bucket() -> str:
     return f"test-{uuid.uuid4().hex[:20]}"
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Path:
+    """An empty directory for a test's spool files (what is left in it is what leaked)."""
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    return directory

@@ -37,13 +37,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MediaSite]:
 
 
 @pytest.fixture
-def spool(tmp_path: Path) -> Path:
-    directory = tmp_path / "spool"
-    directory.mkdir()
-    return directory
-
-
-@pytest.fixture
 def make_downloader() -> Iterator[Callable[..., Downloader]]:
     made: list[Downloader] = []
 

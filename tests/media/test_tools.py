@@ -48,13 +48,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MediaSite]:
 
 
 @pytest.fixture
-def spool(tmp_path: Path) -> Path:
-    directory = tmp_path / "spool"
-    directory.mkdir()
-    return directory
-
-
-@pytest.fixture
 def make_tools() -> Iterator[Callable[..., ToolDownloader]]:
     made: list[ToolDownloader] = []
 

@@ -296,7 +296,7 @@ def _read_end(log: Path) -> str:
             file.seek(max(0, log.stat().st_size - 16 * 1024))
             return file.read().decode("utf-8", "replace")
     except FileNotFoundError:
-        return ""
+        return ""  # the tool never started writing it: its exit code says the rest
 
 
 def _not_removed(_function: object, path: str, info: object) -> None:

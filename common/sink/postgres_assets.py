@@ -173,7 +173,7 @@ def when(value: Any) -> datetime | None:
             parsed = datetime.fromisoformat(value)
             return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
     except (ValueError, OverflowError, OSError):
-        return None
+        return None  # an unreadable time: the row keeps the record (JSONB), fetched_at NULL
     return None
 
 

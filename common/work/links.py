@@ -96,6 +96,18 @@ def resolve(href: str, base: Base) -> str | None:
     return url
 
 
+def too_long(href: str, base: Base) -> bool:
+    """Whether :func:`resolve` dropped ``href`` because its URL is over MAX_URL_CHARS (rather
+    than for its scheme or a missing host). Only asked about a dropped canonical."""
+    if len(base.url) + len(href) <= MAX_URL_CHARS:
+        return False  # no shape resolves to more than the base plus the href
+    try:
+        url = urljoin(base.url, href.strip(_ASCII_WS)).partition("#")[0]
+    except ValueError:
+        return False
+    return url.startswith(("http://", "https://")) and len(url) > MAX_URL_CHARS
+
+
 def _join(base_url: str, href: str) -> str:
     try:
         return urljoin(base_url, href)

@@ -15,13 +15,27 @@ from lxml import etree
 from common.core.errors import FleetError
 from common.work import links as link_rules
 from common.work import parse
+from common.work.page import HASH_DIGEST_BYTES, measure_text
 from common.work.parse import NotHTML, Page, parse_html, parse_tree
 
 BASE = "https://example.com/dir/page.html"
 UTF8 = "text/html; charset=utf-8"
 
 
+#: Which parser page_of() asks for: lexbor (no hook: the default page) or libxml2 (a page
+#: whose tree a hook reads). Every case below runs through both (parse_lexbor.py).
+_PARSER = {"name": "lexbor"}
+
+
+@pytest.fixture(autouse=True, params=["lexbor", "libxml2"])
+def parser(request: pytest.FixtureRequest) -> str:
+    _PARSER["name"] = request.param
+    return request.param
+
+
 def page_of(html: str, base_url: str = BASE, **kwargs: object) -> Page:
+    if _PARSER["name"] == "libxml2" and "on_tree" not in kwargs:
+        kwargs["on_tree"] = lambda _root, _base: None
     return parse_html(html.encode("utf-8"), base_url, UTF8, **kwargs)
 
 
@@ -57,7 +71,7 @@ def test_fields_of_a_normal_page_are_extracted() -> None:
     assert page.links_truncated is False
     assert page.encoding == "utf-8"
     assert page.text_length == len("Heading Some bold text and a link .")
-    assert len(page.content_hash) == 2 * parse.HASH_DIGEST_BYTES
+    assert len(page.content_hash) == 2 * HASH_DIGEST_BYTES
 
 
 def test_to_dict_is_json_serialisable_and_lists_the_links() -> None:
@@ -452,7 +466,7 @@ def test_text_adjacent_to_removed_script_keeps_its_tail() -> None:
 
 
 def test_text_length_matches_the_collapsed_text_on_random_node_lists() -> None:
-    # The length is counted without building the collapsed string (parse._measure_text);
+    # The length is counted without building the collapsed string (page.measure_text);
     # check it against building it, on seeded random runs of ASCII whitespace and
     # multi-byte characters.
     rng = random.Random(20261122)
@@ -461,7 +475,7 @@ def test_text_length_matches_the_collapsed_text_on_random_node_lists() -> None:
         nodes = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
                  for _ in range(rng.randint(0, 6))]
         collapsed = re.sub(r"[ \t\n\r\f]+", " ", " ".join(nodes)).strip(" ")
-        assert parse._measure_text(nodes)[0] == len(collapsed), nodes
+        assert measure_text(" ".join(nodes))[0] == len(collapsed), nodes
 
 
 def test_parse_tree_gives_the_very_tree_and_base_that_parse_html_hands_to_its_hook():

@@ -40,6 +40,7 @@ import redis
 
 from common.core.errors import ReplicaTimeout
 from common.store.connection import FleetRedis
+from common.store.hot_script import HotScript
 from common.store.keys import (
     ASSETS_STREAM,
     COUNTERS,
@@ -95,7 +96,7 @@ class ResultStore:
     def __init__(self, client: redis.Redis, maxlen: int) -> None:
         self.client = client
         self.maxlen = maxlen
-        self._record = client.register_script(RECORD_LUA)
+        self._record = HotScript(client, RECORD_LUA)
         rule = client if isinstance(client, FleetRedis) else FleetRedis  # its WAIT rule
         self.min_replicas, self.wait_timeout_ms = rule.min_replicas, rule.wait_timeout_ms
         self.wait_max_s = rule.wait_max_s
@@ -136,9 +137,9 @@ class ResultStore:
         if self.min_replicas:
             return self._record_replicated(url, keys, args,
                                            patient=stream != FAILURES_STREAM)
-        # redis-py's Script runs EVALSHA and loads the script after a NoScriptError (a
-        # restarted Redis, a promoted replica); nothing ran then, so running it again is safe.
-        return bool(self._record(keys=keys, args=args))
+        # EVALSHA, and the script loaded after a NoScriptError (a restarted Redis, a promoted
+        # replica); nothing ran then, so running it again is safe (common/store/hot_script.py).
+        return bool(self._record(keys, args))
 
     def _record_replicated(self, url: str, keys: list[str], args: list[Any], *,
                            patient: bool) -> bool:

@@ -26,7 +26,7 @@ class Base:
 
     url: str  # without fragment
     scheme: str  # '' when the base is not http(s): relative links then resolve to nothing
-    origin: str  # 'https://host:port'
+    origin: str  # 'https://host:port'; '' when there is no host to resolve against
     directory: str  # origin plus the path up to and including its last '/'
 
 
@@ -38,6 +38,8 @@ def make_base(url: str) -> Base:
         return Base(url, "", "", "")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return Base(url, "", "", "")
+    if parts.netloc[:1] == "\\":  # no host: only scheme-relative links resolve
+        return Base(url, parts.scheme, "", "")
     origin = f"{parts.scheme}://{parts.netloc}"
     path = parts.path or "/"
     return Base(url, parts.scheme, origin, origin + path[: path.rfind("/") + 1])
@@ -47,44 +49,53 @@ def resolve(href: str, base: Base) -> str | None:
     """Resolve ``href`` to an absolute http(s) URL without fragment, or None to skip it.
 
     Agrees with ``urljoin`` + defragmenting (tests check this); the branches that skip
-    ``urljoin`` cover the shapes that make up nearly all real links.
+    ``urljoin`` cover the shapes that make up nearly all real links. A URL built on the
+    base's origin or directory has the base's host, so only the other shapes are checked for
+    one (:func:`_absolute`).
     """
     href = href.strip(_ASCII_WS)
-    if "\n" in href or "\t" in href or "\r" in href:
+    if not href.isprintable() and ("\n" in href or "\t" in href or "\r" in href):
         # Browsers drop these anywhere in a URL; templates leave them inside long hrefs.
         href = href.replace("\n", "").replace("\t", "").replace("\r", "")
     first = href[:1]
     # Branches ordered by how common the shape is; only odd shapes pay for urljoin.
     if first == "/":
-        if not base.scheme:
-            return None
         if href[1:2] == "/":
-            url = f"{base.scheme}:{href}"
-        elif "/." in href:
-            url = _join(base.url, href)  # dot segments need removing
-        else:
-            url = base.origin + href
-    elif first == "#" or not href:
-        if not base.scheme:
+            return _absolute(f"{base.scheme}:{href}") if base.scheme else None
+        if not base.origin:
             return None
-        url = base.url  # a link to this page itself
+        if "/." in href:
+            return _absolute(_join(base.url, href))  # dot segments need removing
+        url = base.origin + href
+    elif first == "#" or not href:
+        if not base.origin:
+            return None
+        # A link to this page itself (the base has no fragment).
+        return base.url if len(base.url) <= MAX_URL_CHARS else None
     elif _SCHEME_RE.match(href):
         scheme, _, rest = href.partition(":")
         scheme = scheme.lower()
         if scheme != "https" and scheme != "http":
             return None  # mailto:, javascript:, tel:, data:, ftp: ...
         if rest[:2] == "//":
-            url = f"{scheme}:{rest}"
-        elif base.scheme:
-            url = _join(base.url, href)  # 'http:foo' is relative to an http base
-        else:
-            return None
-    elif not base.scheme:
+            return _absolute(f"{scheme}:{rest}")
+        if base.scheme:
+            return _absolute(_join(base.url, href))  # 'http:foo' is relative to an http base
+        return None
+    elif not base.origin:
         return None
     elif first == "?" or first == "." or "/." in href:
-        url = _join(base.url, href)
+        return _absolute(_join(base.url, href))
     else:
         url = base.directory + href
+    fragment_at = url.find("#")
+    if fragment_at >= 0:
+        url = url[:fragment_at]
+    return url if len(url) <= MAX_URL_CHARS else None
+
+
+def _absolute(url: str) -> str | None:
+    """``url`` without its fragment, or None when it is too long or has no host."""
     fragment_at = url.find("#")
     if fragment_at >= 0:
         url = url[:fragment_at]

@@ -83,11 +83,11 @@ def measure_text(text: str) -> tuple[int, str]:
     """
     data = text.encode("utf-8", "surrogatepass")
     # One byte per character, 0 for whitespace and 1 for anything else (UTF-8 continuation
-    # bytes dropped so a multi-byte character counts once), read as one big integer: its set
-    # bits are the non-space characters, and a 1-byte whose preceding byte is 0 starts a word.
-    shape = int.from_bytes(data.translate(_SHAPE_TABLE, _UTF8_CONTINUATION_BYTES), "big")
-    words = (shape & ~(shape >> 8)).bit_count()
-    length = shape.bit_count() + max(words - 1, 0)
+    # bytes dropped so a multi-byte character counts once): its 1s are the non-space
+    # characters, and each 0 followed by a 1 starts a word (as does a 1 at the start).
+    shape = data.translate(_SHAPE_TABLE, _UTF8_CONTINUATION_BYTES)
+    words = shape.count(b"\x00\x01") + (shape[:1] == b"\x01")
+    length = len(shape) - shape.count(0) + max(words - 1, 0)
     digest = hashlib.blake2b(data.translate(None, _ASCII_WS_BYTES), digest_size=HASH_DIGEST_BYTES)
     return length, digest.hexdigest()
 

@@ -37,6 +37,16 @@ def min_duration_s(requests: int, amount: int, window_s: float) -> float:
     return (math.ceil(requests / amount) - 1) * window_s
 
 
+def window_excess_s(times_s: Iterable[float], amount: int, window_s: float) -> list[float]:
+    """For each request from the ``amount + 1``-th on: how much later than the limit allows it
+    came, i.e. its distance to the request ``amount`` before it, minus ``window_s`` (negative:
+    that window was over the limit). The requests form ``amount`` interleaved chains, each
+    request one window after its predecessor at best: the sum divided by ``amount`` is about
+    the time the crawl lost against the limit's pace."""
+    ordered = sorted(times_s)
+    return [b - a - window_s for a, b in zip(ordered, ordered[amount:], strict=False)]
+
+
 def windows_over_limit(times_s: Iterable[float], amount: int, window_s: float) -> int:
     """How many requests open a window ``[t, t + window_s)`` holding more than ``amount``
     requests. Any sliding window over the limit contains such a start, so 0 means the limit

@@ -58,6 +58,8 @@ class Sizes:
     polite_domains: int
     polite_urls: int
     polite_rate: int
+    #: Worker processes of the politeness phase (issue 31's case: 4, each ``concurrency``).
+    polite_workers: int
     sink_entries: int
     #: How long a fleet worker or a scrapy-redis spider waits on an empty queue before it
     #: exits (after the round's last page, so no figure counts it): 1 s on a small farm.
@@ -80,8 +82,10 @@ class Sizes:
             seen_probe=pick("seen_probe", 100_000, 10_000),
             backlog=pick("backlog", 10_000, 1_500),
             priority_samples=pick("priority_samples", 20, 5), priority_interval_s=0.3,
-            polite_domains=pick("polite_domains", 3, 2), polite_urls=pick("polite_urls", 100, 15),
-            polite_rate=5, sink_entries=pick("sink_entries", 10_000, 200),
+            # Issue 31's polite crawl: 5 sites x 60 URLs at 2/s each, 4 workers (ideal 30 s).
+            polite_domains=pick("polite_domains", 5, 2), polite_urls=pick("polite_urls", 60, 15),
+            polite_rate=5 if small else 2, polite_workers=2 if small else 4,
+            sink_entries=pick("sink_entries", 10_000, 200),
             idle_s=1 if small else 3)
 
 

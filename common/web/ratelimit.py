@@ -169,12 +169,17 @@ if free_at <= now then
   end
   return {false, 1, 0, member, 0, state, jobv}
 end
-if booked > 0 and booked <= now + spacing and rate >= 1 then
-  -- The caller's booked slot is due but a late request still fills the window: it keeps its
-  -- place and waits for that request to leave the window, instead of queueing again. (Not on
-  -- a slowed domain, where the window is full by design: every URL due would come back at the
-  -- same free_at, again and again. It books the next slot.)
+if booked > 0 and rate >= 1 then
+  -- The caller has a booked slot and the window is full (a late request still in it, or the
+  -- caller came back a little early, as parked URLs do to be on time): it keeps its place and
+  -- waits for the window to free, instead of queueing again at the back.
   return {false, 0, free_at - now, '', booked, state, jobv}
+end
+if booked > now then
+  -- A slowed domain, its window full by design: a caller early for its slot waits for it.
+  -- (One whose slot is due books the next one: else every URL due would come back at the
+  -- same free_at, again and again.)
+  return {false, 0, math.max(free_at, booked) - now, '', booked, state, jobv}
 end
 local slot = tonumber(redis.call('GET', KEYS[3]) or '0')
 if slot < free_at then slot = free_at end

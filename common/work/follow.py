@@ -11,7 +11,9 @@ there is none) and no ``deny`` regex does. ``nofollow`` is honoured by default
 applies scope, robots.txt and the per-domain budget.
 
 The tree is read in :meth:`LinkMarks.on_tree`, during the page's one parse (after invisible
-elements are stripped, so a ``rel="nofollow"`` link inside ``<noscript>`` is not seen as one).
+elements are stripped, so a ``rel="nofollow"`` link inside ``<noscript>`` is not seen as one),
+or in :meth:`LinkMarks.on_lexbor` when the default parser reads the page (no link areas, no
+rule's data, no handler).
 
 ``allow``/``deny`` run within the page's RULES_REGEX_TIMEOUT_S
 (:class:`common.work.user_regex.RegexBudget`): once it is spent the links already judged are
@@ -103,6 +105,33 @@ class LinkMarks:
         if self.follow is not None and self.follow.areas:
             hrefs = [href for area in self.follow.areas for href in _compiled(area)(root)]
             self.area_links = links.extract_links(hrefs, base, _AREA_LINKS_MAX)[0]
+
+    @property
+    def lexbor_ok(self) -> bool:
+        """Whether :meth:`on_lexbor` reads all this page needs: no link areas (their XPaths
+        need libxml2's tree)."""
+        return self.follow is None or not self.follow.areas
+
+    def on_lexbor(self, tree: Any, base_url: str) -> None:
+        """:meth:`on_tree` for the default parser's tree (common/work/parse_lexbor.py),
+        invisible elements already removed: the same marks from the same elements."""
+        self.base_url = base_url
+        if not self.honour:
+            return
+        base = links.make_base(base_url)
+        for meta in tree.tags("meta"):
+            attrs = meta.attrs
+            name = attrs.get("name")
+            if name is not None and name.lower() == "robots" and robots_nofollow(
+                    attrs.get("content")):
+                self.page_nofollow = True
+        for anchor in tree.tags("a"):
+            attrs = anchor.attrs
+            rel = attrs.get("rel")
+            if rel and "href" in attrs and "nofollow" in rel.lower().split():
+                url = links.resolve(attrs.get("href") or "", base)
+                if url is not None:
+                    self.nofollow_links.add(url)
 
     def plan(self, page_links: tuple[str, ...], max_depth: int) -> FollowPlan:
         follow = self.follow

@@ -170,9 +170,13 @@ class PageReader:
                               robots_header=response.headers.get("x-robots-tag"),
                               budget=budget, record=record)  # the rule's follow: its budget
             hooks.append(marks.on_tree)
+        # Crawl mode's marks alone (no rule, handler or link areas) read lexbor's tree too.
+        on_lexbor = (marks.on_lexbor if marks is not None and len(hooks) == 1
+                     and marks.lexbor_ok else None)
         try:
             page = parse_html(response.body, response.final_url, response.content_type,
-                              on_tree=_chain(hooks), max_tags=self.settings.max_page_tags)
+                              on_tree=_chain(hooks), max_tags=self.settings.max_page_tags,
+                              on_lexbor=on_lexbor)
         except NotHTML as exc:
             record["error"] = f"not_html: {exc}"
             return read

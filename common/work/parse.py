@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from lxml import etree
 
@@ -84,7 +85,8 @@ class NotHTML(FleetError, ValueError):
 def parse_html(body: bytes, base_url: str, content_type: str | None = None,
                max_links: int = 10_000,
                on_tree: Callable[[etree._Element, str], None] | None = None,
-               max_tags: int = 100_000) -> Page:
+               max_tags: int = 100_000,
+               on_lexbor: Callable[[Any, str], None] | None = None) -> Page:
     """Parse an HTML body into a :class:`Page`.
 
     Args:
@@ -99,6 +101,8 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
             page is read by lexbor (common/work/parse_lexbor.py), a third of libxml2's cost.
         max_tags: Parse at most this many ``<`` of the body (MAX_PAGE_TAGS); the page's
             ``cut`` says ``tags`` when the body was cut there.
+        on_lexbor: ``on_tree``'s equal for lexbor's tree (crawl mode's link marks): with it,
+            the page may be read by lexbor, which then calls it instead of ``on_tree``.
 
     Returns:
         The page; empty (no title, no links, zero text) for an empty or blank body.
@@ -110,8 +114,8 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
     if max_links < 0:
         raise ValueError(f"max_links must be >= 0, got {max_links}")
     utf8_body, encoding, cut = _bounded_utf8(body, base_url, content_type, max_tags)
-    if on_tree is None and parse_lexbor.fits(utf8_body):
-        return parse_lexbor.read_page(utf8_body, base_url, encoding, cut, max_links)
+    if (on_tree is None or on_lexbor is not None) and parse_lexbor.fits(utf8_body):
+        return parse_lexbor.read_page(utf8_body, base_url, encoding, cut, max_links, on_lexbor)
     root = _tree(utf8_body, base_url)
     if root is None:
         return empty_page(encoding, cut)

@@ -22,6 +22,7 @@ libxml2's), a page's fields can differ; tests/work/test_parse.py holds both to t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from selectolax.lexbor import LexborHTMLParser
@@ -46,8 +47,10 @@ def fits(utf8_body: bytes) -> bool:
 
 
 def read_page(utf8_body: bytes, base_url: str, encoding: str, cut: str | None,
-              max_links: int) -> Page:
-    """The :class:`Page` of ``utf8_body`` (a UTF-8 HTML document, already bounded).
+              max_links: int, on_tree: Callable[[Any, str], None] | None = None) -> Page:
+    """The :class:`Page` of ``utf8_body`` (a UTF-8 HTML document, already bounded);
+    ``on_tree`` is called with the tree, invisible elements removed, and the document's base
+    URL (crawl mode's link marks: common/work/follow.py).
 
     Elements are found with lexbor's tag index (``tags``), not CSS selectors: the first
     selector on a tree costs ~110 us of setup, more than the parse itself.
@@ -66,7 +69,10 @@ def read_page(utf8_body: bytes, base_url: str, encoding: str, cut: str | None,
     text = body.text(deep=True, separator=" ", strip=False) if body is not None else ""
     root = tree.root
     attrs = root.attrs if root is not None else {}
-    return assemble(meta, meta.base(base_url), hrefs, text,
+    base = meta.base(base_url)
+    if on_tree is not None:
+        on_tree(tree, base.url)
+    return assemble(meta, base, hrefs, text,
                     language(attrs.get("lang"), attrs.get("xml:lang"), None),
                     encoding, cut, max_links)
 

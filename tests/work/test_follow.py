@@ -29,6 +29,17 @@ PAGE = """<html><head>{meta}</head><body>
 </body></html>"""
 
 
+#: Which tree _plan's marks read: libxml2's (on_tree) or lexbor's (on_lexbor, as PageReader
+#: passes it when no rule data, handler or link area needs libxml2). Every case runs on both.
+_PARSER = {"name": "libxml2"}
+
+
+@pytest.fixture(autouse=True, params=["libxml2", "lexbor"])
+def parser(request: pytest.FixtureRequest) -> str:
+    _PARSER["name"] = request.param
+    return request.param
+
+
 def _plan(follow_yaml: str | None, *, meta: str = "", honour: bool = True,
           header: str | None = None, max_depth: int = 2):
     follow = None
@@ -36,7 +47,9 @@ def _plan(follow_yaml: str | None, *, meta: str = "", honour: bool = True,
         rule = load_rules(f'[{{"host": "shop.example", "follow": {follow_yaml}}}]')[0]
         follow = rule.follow
     marks = LinkMarks(follow, honour_nofollow=honour, robots_header=header)
-    page = parse_html(PAGE.format(meta=meta).encode(), BASE, "text/html", on_tree=marks.on_tree)
+    on_lexbor = marks.on_lexbor if _PARSER["name"] == "lexbor" and marks.lexbor_ok else None
+    page = parse_html(PAGE.format(meta=meta).encode(), BASE, "text/html", on_tree=marks.on_tree,
+                      on_lexbor=on_lexbor)
     return marks.plan(page.links, max_depth)
 
 
@@ -130,3 +143,15 @@ def test_the_rules_checker_prints_the_links_a_follow_rule_keeps(tmp_path):
     printed = json.loads(out.stdout)
     assert printed["data"] == {"menu": "AboutCart"}
     assert printed["rule_follow"] == ["http://shop.example/p/1"]
+
+
+def test_without_link_areas_the_marks_read_the_default_parsers_tree_and_agree(parser):
+    trees: list[str] = []
+    marks = LinkMarks(None, honour_nofollow=True)
+    parse_html(PAGE.format(meta="").encode(), BASE, "text/html",
+               on_tree=lambda root, base: trees.append("libxml2"),
+               on_lexbor=lambda tree, base: (trees.append("lexbor"), marks.on_lexbor(tree, base)))
+
+    assert trees == ["lexbor"]
+    assert {url.removeprefix("http://shop.example") for url in marks.nofollow_links} == {
+        "/p/2", "/p/3"}

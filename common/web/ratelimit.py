@@ -8,7 +8,7 @@ One Lua script (:data:`ADMIT_LUA`) is the worker's first round trip for every UR
 3. when the domain is full, books the caller a future slot instead of a plain "no": the slot is
    ``max(when the oldest permit leaves the window, the domain's next free slot)`` and the next
    free slot moves on by ``(window + guard) / amount``. Parked URLs thus wake up staggered,
-   one per free slot, instead of all at once.
+   one per free slot, instead of all at once; never before it, and a page queues behind them.
 
 Why a sliding log and not INCR/EXPIRE windows: fixed windows allow 2×amount across a window
 boundary, and the limit is checked against the *site's* request log. Why not the ``limits``
@@ -79,7 +79,7 @@ class JobRun(Protocol):
 # KEYS[1] content:{url}   KEYS[2] ratelimit:{domain}   KEYS[3] ratelimit:{domain}:next
 # KEYS[4] done:{b} (or "" to skip the check)   KEYS[5] throttle:{domain}   KEYS[6] throttled
 # ARGV[1] amount  ARGV[2] span_ms (window + guard)  ARGV[3] spacing_ms  ARGV[4] check cache (0/1)
-# ARGV[5] the URL's done-set member  ARGV[6] the caller's booked slot (ms, 0 = none)
+# ARGV[5] the URL's done-set member  ARGV[6] its booked slot (ms, 0 = none, -1 = none: queue)
 # ARGV[7] how long the URL may still wait (ms, -1 = no limit)  ARGV[8..12] the throttle's
 # A job's message only (the default job's call has none of these, and pays for none):
 # KEYS[7] job:{name}  KEYS[8] jobs:version  KEYS[9] job:{name}:run:{run}  ARGV[13] its run
@@ -119,7 +119,7 @@ end
 local amount = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
 local spacing = tonumber(ARGV[3])
-local booked = tonumber(ARGV[6])
+local queued, booked = ARGV[6] == '-1', math.max(tonumber(ARGV[6]), 0)
 local wait_left = tonumber(ARGV[7])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -131,14 +131,12 @@ if ARGV[11] ~= '0' or redis.call('EXISTS', KEYS[5]) == 1 then
   state, blocked_until, rate = throttle_admit(KEYS[5], KEYS[6], now, ARGV, 8)
 end
 -- A slowed domain: besides the configured window, one request per spacing / rate (the gate),
--- no bursts. Slots are still booked at the configured spacing: booked at the slowed one, they
--- would keep the slowed pace after the rate is back. (Who finds the window full books the
--- next slot: (1 - rate) x the configured rate more admits, no stampede.)
+-- no bursts. Slots are still booked at the configured spacing (at the slowed one, they would
+-- keep its pace after the rate is back); who finds the window full books the next: no stampede.
 local gate = 0
 if rate < 1 then gate = math.ceil(spacing / rate) end
 local keep = math.max(span, gate)
-if blocked_until > now then
-  -- A blocked domain: slots from the block's end on, staggered as usual.
+if blocked_until > now then  -- a blocked domain: slots from the block's end on, staggered
   local slot = tonumber(redis.call('GET', KEYS[3]) or '0')
   if slot < blocked_until then slot = blocked_until end
   if wait_left >= 0 and slot - now > wait_left then
@@ -148,19 +146,24 @@ if blocked_until > now then
   return {false, 0, slot - now, '', slot, state, jobv}
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - keep)
+-- The window is (now - span, now]: a place frees at exactly a permit's time + span.
 local count = redis.call('ZCARD', KEYS[2])
 local in_span = count
-if keep > span then in_span = redis.call('ZCOUNT', KEYS[2], now - span, '+inf') end
+if keep > span then in_span = redis.call('ZCOUNT', KEYS[2], '(' .. (now - span), '+inf') end
 local free_at = 0
 if in_span >= amount then
   local entry = redis.call('ZRANGE', KEYS[2], count - amount, count - amount, 'WITHSCORES')
-  free_at = tonumber(entry[2]) + span + 1
+  free_at = tonumber(entry[2]) + span
 end
 if gate > 0 and count > 0 then
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  free_at = math.max(free_at, tonumber(last[2]) + gate + 1)
+  free_at = math.max(free_at, tonumber(last[2]) + gate)
 end
-if free_at <= now then
+-- A page with no slot (booked = -1) queues behind the booked URLs, not in their places.
+local slot = 0
+if booked > now then free_at = math.max(free_at, booked) end  -- never before its slot
+if queued and free_at <= now then slot = tonumber(redis.call('GET', KEYS[3]) or '0') end
+if free_at <= now and slot <= now then
   local member = t[1] .. t[2] .. ':' .. count
   redis.call('ZADD', KEYS[2], now, member)
   redis.call('PEXPIRE', KEYS[2], keep * 2)
@@ -169,20 +172,12 @@ if free_at <= now then
   end
   return {false, 1, 0, member, 0, state, jobv}
 end
-if booked > 0 and rate >= 1 then
-  -- The caller has a booked slot and the window is full (a late request still in it, or the
-  -- caller came back a little early, as parked URLs do to be on time): it keeps its place and
-  -- waits for the window to free, instead of queueing again at the back.
+if booked > 0 and (rate >= 1 or booked > now) then
+  -- It keeps its place. (On a slowed domain, full by design, one whose slot is due books the
+  -- next: else every URL due would come back at the same free_at, again and again.)
   return {false, 0, free_at - now, '', booked, state, jobv}
 end
-if booked > now then
-  -- A slowed domain, its window full by design: a caller early for its slot waits for it.
-  -- (One whose slot is due books the next one: else every URL due would come back at the
-  -- same free_at, again and again.)
-  return {false, 0, math.max(free_at, booked) - now, '', booked, state, jobv}
-end
-local slot = tonumber(redis.call('GET', KEYS[3]) or '0')
-if slot < free_at then slot = free_at end
+slot = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), free_at)
 if wait_left >= 0 and slot - now > wait_left then
   return {false, 3, slot - now, '', 0, state, jobv}
 end
@@ -270,10 +265,11 @@ class RateLimiter:
     def admit(self, domain: str, rate: Rate, cache_url: str | None = None,
               done: DoneMark | None = None, booked_ms: int = 0,
               max_wait_ms: int = -1, job: JobRun | None = None,
-              jar_key: str | None = None) -> Admission:
+              jar_key: str | None = None, queue: bool = False) -> Admission:
         """One round trip: already done, a cache hit, a permit now, or how long to wait for a
         booked slot. ``done`` is the URL's done mark, checked first;
-        ``booked_ms`` the slot this URL was given when it was parked (it keeps its place);
+        ``booked_ms`` the slot this URL was given when it was parked (it keeps its place,
+        never going before it); ``queue``: without one, it queues behind the booked URLs;
         ``max_wait_ms`` how long it may still wait (-1: no limit), else ``too_late``.
         ``job``: the message's job run (None: the default job, which adds nothing to the
         call); its state decides first (``job_verdict``), and ``jobs_version`` comes back.
@@ -286,7 +282,8 @@ class RateLimiter:
         keys = [content_key(cache_url or ""), log_key, rate_slot_key(domain), done_key,
                 throttle_key(domain), THROTTLED]
         args = [rate.amount, span_ms, spacing_ms, 1 if cache_url else 0, member,
-                int(booked_ms), int(max_wait_ms), *self.throttle.admit_args(domain)]
+                int(booked_ms) if booked_ms or not queue else -1, int(max_wait_ms),
+                *self.throttle.admit_args(domain)]
         if job is not None:
             keys += [job_key(job.name), JOBS_VERSION, job_run_key(job.name, job.run)]
             args.append(job.run)

@@ -111,7 +111,7 @@ class Admit:
                     trip.admission = admission = self.limiter.admit(
                         domain, rate, cache_url=url if self.use_cache else None, done=done,
                         booked_ms=booked_ms, max_wait_ms=wait_left_ms(message, max_wait_s),
-                        job=trip.job, jar_key=jar_key)
+                        job=trip.job, jar_key=jar_key, queue=True)
                 if admission.jobs_version is not None and self.jobs is not None:
                     self.jobs.note_version(admission.jobs_version)
                 if admission.job_verdict != "paused" or self._parked(trip):

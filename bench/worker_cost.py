@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             client = redis.Redis.from_url(services.redis_url)
             urls = [site.page_url(n) for site in farm.sites for n in range(1, per_site + 1)]
             with ThreadClock() as threads:
-                worker, before, after, wall_s = run_one_worker(settings, client, urls)
+                worker, before, after, wall_s = run_one_worker(settings, client, urls, threads)
     n = max(1, worker.processed)
     user_us = (after.ru_utime - before.ru_utime) / n * 1e6
     system_us = (after.ru_stime - before.ru_stime) / n * 1e6
@@ -89,12 +89,16 @@ class ThreadClock(dict):
         self._last: dict[int, tuple[str, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="thread-clock", daemon=True)
-        self._thread.start()
         return self
+
+    def begin(self) -> None:
+        """Start counting (after the seeding, which the main thread does)."""
+        self._thread.start()
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
         for name, ticks in self._last.values():
             self[name] = self.get(name, 0) + ticks
 
@@ -119,13 +123,16 @@ class ThreadClock(dict):
         return found
 
 
-def run_one_worker(settings: Settings, client: redis.Redis, urls: list[str]
-                   ) -> tuple[Worker, Any, Any, float]:
+def run_one_worker(settings: Settings, client: redis.Redis, urls: list[str],
+                   clock: ThreadClock | None = None) -> tuple[Worker, Any, Any, float]:
     """Seed ``urls``, run one worker in this process until it idles out: the worker, this
-    process's rusage before and after, and the wall time without the idle wait."""
+    process's rusage before and after, and the wall time without the idle wait. ``clock``
+    starts counting threads' CPU once the URLs are seeded."""
     with Producer(settings, client) as producer:
         producer.submit(urls)
     worker = Worker(settings, Processor(settings, worker_client(settings)))
+    if clock is not None:
+        clock.begin()
     before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     worker.run()

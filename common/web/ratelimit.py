@@ -57,6 +57,7 @@ from common.store.keys import (
     throttle_key,
 )
 from common.store.marks import DoneMark, Permit, Retime
+from common.store.slots import GIVEN_LUA, absent, domain_shard, part, refuse_on_cluster
 from common.web.throttle import (
     FUNCTIONS_LUA,
     Signal,
@@ -91,7 +92,7 @@ class JobRun(Protocol):
 #       3 = its slot would come after its wait limit (nothing booked), 4 = its job's run is not
 #       running: "paused" (nothing booked) or "cancelled" (its done mark set; counted
 #       `cancelled` in its run's counters when newly set)
-ADMIT_LUA = """
+ADMIT_LUA = GIVEN_LUA + """
 local jobv, verdict
 if ARGV[13] then
   local job = redis.call('HMGET', KEYS[7], 'state', 'run')
@@ -103,12 +104,12 @@ if ARGV[13] then
   end
 end
 local jar_key = (#KEYS == 7 or #KEYS == 10) and KEYS[#KEYS]
-if KEYS[4] ~= '' and redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
+if given(KEYS[4]) and redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
   return {false, 2, 0, '', 0, jobv and false, jobv}
 end
 if verdict then
   -- A deleted job marks and counts nothing: its name and run numbers may be taken again.
-  if verdict == 'cancelled' and KEYS[4] ~= '' and redis.call('SADD', KEYS[4], ARGV[5]) == 1
+  if verdict == 'cancelled' and given(KEYS[4]) and redis.call('SADD', KEYS[4], ARGV[5]) == 1
   then redis.call('HINCRBY', KEYS[9], 'cancelled', 1) end
   return {false, 4, 0, '', 0, false, jobv, verdict}
 end
@@ -276,13 +277,15 @@ class RateLimiter:
         (``Admission.jar``), so cookies cost the page no round trip of its own."""
         span_ms = rate.window_ms + math.ceil(rate.window_ms * self.guard)
         spacing_ms = math.ceil(span_ms / rate.amount)
-        done_key, member = done or ("", 0)
+        shard = domain_shard(domain)  # on a cluster every key in the domain's slot
+        done_key, member = done or (absent(shard), 0)
         log_key = rate_log_key(domain)
-        keys = [content_key(cache_url or ""), log_key, rate_slot_key(domain), done_key,
-                throttle_key(domain), THROTTLED]
+        keys = [content_key(cache_url) if cache_url else absent(shard), log_key,
+                rate_slot_key(domain), done_key, throttle_key(domain), part(THROTTLED, shard)]
         args = [rate.amount, span_ms, spacing_ms, 1 if cache_url else 0, member,
                 int(booked_ms), int(max_wait_ms), *self.throttle.admit_args(domain)]
         if job is not None:
+            refuse_on_cluster("a job's message")
             keys += [job_key(job.name), JOBS_VERSION, job_run_key(job.name, job.run)]
             args.append(job.run)
         if jar_key is not None:

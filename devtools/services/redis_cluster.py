@@ -30,6 +30,7 @@ from devtools.services.base import (
     Managed,
     ServicesUnavailable,
     find_binaries,
+    free_port,
     tail,
 )
 from devtools.services.redis_sentinel import wait_until
@@ -84,7 +85,9 @@ class RedisClusterGroup(Managed):
                 self.nodes.append(LocalRedis(binary=binary, extra_args=[
                     "--cluster-enabled", "yes",
                     "--cluster-node-timeout", str(self.node_timeout_ms),
-                    "--cluster-config-file", "nodes.conf"]).start())
+                    "--cluster-config-file", "nodes.conf",
+                    # the bus port defaults to port + 10000, past 65535 for a high free port
+                    "--cluster-port", str(free_port())]).start())
             create = subprocess.run(
                 [cli, "--cluster", "create", *(f"{n.host}:{n.port}" for n in self.nodes),
                  "--cluster-replicas", str(self.replicas), "--cluster-yes"],

@@ -159,14 +159,20 @@ def describe(settings: Settings) -> str:
     return str(client_kwargs.get("path") or "redis")
 
 
-def connect_redis(settings: Settings, **kwargs: Any) -> FleetRedis:
-    """A Redis client that has answered PING, retried with backoff.
+def connect_redis(settings: Settings, *, not_on_cluster: str = "", **kwargs: Any) -> FleetRedis:
+    """A Redis client that has answered PING, retried with backoff. ``not_on_cluster``: what
+    the caller is (the job runner, the scheduler...), when it does not run on a Redis Cluster.
 
     Raises:
         ServiceUnavailable: Redis (or the sentinels) refused our password or stayed
             unreachable.
-        ConfigError: the server is a Redis Cluster node.
+        ConfigError: a plain REDIS_URL at a Redis Cluster node; ``not_on_cluster`` given
+            with a cluster REDIS_URL.
     """
+    if not_on_cluster and cluster_nodes(settings.redis_url) is not None:
+        raise ConfigError(f"{not_on_cluster} does not run on a Redis Cluster yet: its scripts "
+                          "keep fleet-wide keys together (docs/design-redis-cluster.md); "
+                          "only the crawl path (producers, workers, sinks) does")
     client = redis_client(settings, **kwargs)
     where = describe(settings)
 

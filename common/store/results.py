@@ -58,7 +58,6 @@ from common.store.marks import DoneMark, Retime
 from common.store.slots import (
     GIVEN_LUA,
     absent,
-    given,
     part,
     parts,
     refuse_on_cluster,
@@ -139,13 +138,8 @@ class ResultStore:
         if sent_at is None:
             permit = None
         url = record["url"]
-        shard = url_shard(url)
-        keys = [done.key if done else absent(shard), part(stream, shard), content_key(url),
-                part(COUNTERS, shard), failures_key(url),
-                permit.log_key if permit else absent(shard), part(SINKS, shard),
-                _run_key(record) or absent(shard)]
-        if given(keys[-1]):
-            refuse_on_cluster("a job's run counters")
+        keys = record_keys(url, stream, done, permit.log_key if permit else None,
+                           _run_key(record))
         args: list[Any] = [done.member if done else 0, encode(record), self.maxlen,
                            cache[0] if cache else b"", cache[1] if cache else 0,
                            1 if clear_failures else 0, permit.member if permit else "",
@@ -280,6 +274,18 @@ class ResultStore:
                 ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                 yield ident, json.loads(fields[b"json"] if b"json" in fields else fields["json"])
             cursor, exclusive = ident, True
+
+
+def record_keys(url: str, stream: str, done: DoneMark | None, permit_log: str | None,
+                run_key: str) -> list[str]:
+    """:data:`RECORD_LUA`'s KEYS; on a Redis Cluster all in the URL's domain shard (a job's
+    run counters are refused there: fleet-wide)."""
+    shard = url_shard(url)
+    if run_key:
+        refuse_on_cluster("a job's run counters")
+    return [done.key if done else absent(shard), part(stream, shard), content_key(url),
+            part(COUNTERS, shard), failures_key(url), permit_log or absent(shard),
+            part(SINKS, shard), run_key or absent(shard)]
 
 
 def _run_key(record: dict[str, Any]) -> str:

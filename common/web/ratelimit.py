@@ -3,29 +3,24 @@
 One Lua script (:data:`ADMIT_LUA`) is the worker's first round trip for every URL. It:
 
 1. returns the cached response when ``content:{url}`` holds one (a cache hit needs no permit);
-2. else applies a *sliding log* limit: at most ``amount`` permits in any ``window + guard``
-   milliseconds, timestamps from Redis's own clock (TIME), so worker clocks never matter;
-3. when the domain is full, books the caller a future slot instead of a plain "no": the slot is
-   ``max(when the oldest permit leaves the window, the domain's next free slot)`` and the next
-   free slot moves on by ``(window + guard) / amount``. Parked URLs thus wake up staggered,
-   one per free slot, instead of all at once.
+2. else applies a *sliding log* limit: at most ``amount`` permits in any ``window + guard`` ms,
+   timestamps from Redis's own clock (TIME), so worker clocks never matter;
+3. when the domain is full, books the caller a future slot instead of a plain "no": ``max(when
+   the oldest permit leaves the window, the domain's next free slot)``, the next free slot
+   moving on by ``(window + guard) / amount``: parked URLs wake up staggered, one per slot.
 
 Why a sliding log and not INCR/EXPIRE windows: fixed windows allow 2×amount across a window
 boundary, and the limit is checked against the *site's* request log. Why not the ``limits``
-library's moving window: we need "when will there be room" from the same atomic call, and the
-cache lookup in it too, to stay at one round trip (NOTES.md #11). ``limits`` parses the notation.
-
+library's moving window: we need "when will there be room" and the cache lookup from the same
+atomic call: one round trip (NOTES.md #11). ``limits`` parses the notation.
 The guard (RATE_LIMIT_GUARD, a fraction of the window kept free) absorbs server-side jitter:
-permits are moved to their request's real send time (:func:`retime_permit`), so what is left
-is the network and the site's own clock.
-
+permits are moved to their request's real send time (:func:`retime_permit`).
 The same call applies the domain's adaptive throttle (common/web/throttle.py): a blocked domain
 books slots from the block's end on; a slowed one lets one request through per
 ``spacing / rate`` while slots are still booked at the configured spacing (a URL that finds the
 window full books the next free slot), so the configured rate is back the moment the rate is;
 and it enforces MAX_WAIT_S: a URL whose slot would come later than its wait allows books
-nothing and is told so (go = 3). A robots.txt Crawl-delay is capped at
-ROBOTS_MAX_CRAWL_DELAY_S.
+nothing and is told so (go = 3). A robots.txt Crawl-delay is capped (ROBOTS_MAX_CRAWL_DELAY_S).
 
 A job's message (issue 26) has its job's state decided first, in the same call: the script
 reads ``job:{name}`` (state, run) and ``jobs:version``. Its run running: as above, and the
@@ -34,7 +29,7 @@ version comes back (the worker's job book reloads when it moved). Paused, same r
 Anything else (cancelled, finished, an older run): "cancelled", the message's done mark set and
 ``cancelled`` added to its run's counters only when the mark is new, so a redelivery is not
 counted twice. A deleted job's message marks and counts nothing ("deleted"). The default job's
-call carries no job keys and runs no job command: its cost is the cost before jobs.
+call has no job keys and runs no job command. On a Redis Cluster: :func:`admit_keys`.
 """
 
 from __future__ import annotations
@@ -237,6 +232,20 @@ end
 MAX_CHARGE = 1000
 
 
+def admit_keys(domain: str, cache_url: str | None, done: DoneMark | None, job: JobRun | None,
+               jar_key: str | None) -> list[str]:
+    """:data:`ADMIT_LUA`'s KEYS; on a Redis Cluster all in the domain's shard (a job's message
+    is refused there: its job keys are fleet-wide)."""
+    shard = domain_shard(domain)
+    keys = [content_key(cache_url) if cache_url else absent(shard), rate_log_key(domain),
+            rate_slot_key(domain), done.key if done else absent(shard), throttle_key(domain),
+            part(THROTTLED, shard)]
+    if job is not None:
+        refuse_on_cluster("a job's message")
+        keys += [job_key(job.name), JOBS_VERSION, job_run_key(job.name, job.run)]
+    return keys if jar_key is None else [*keys, jar_key]
+
+
 class RateLimiter:
     """Rates per domain and the atomic admit call."""
 
@@ -277,19 +286,10 @@ class RateLimiter:
         (``Admission.jar``), so cookies cost the page no round trip of its own."""
         span_ms = rate.window_ms + math.ceil(rate.window_ms * self.guard)
         spacing_ms = math.ceil(span_ms / rate.amount)
-        shard = domain_shard(domain)  # on a cluster every key in the domain's slot
-        done_key, member = done or (absent(shard), 0)
-        log_key = rate_log_key(domain)
-        keys = [content_key(cache_url) if cache_url else absent(shard), log_key,
-                rate_slot_key(domain), done_key, throttle_key(domain), part(THROTTLED, shard)]
-        args = [rate.amount, span_ms, spacing_ms, 1 if cache_url else 0, member,
-                int(booked_ms), int(max_wait_ms), *self.throttle.admit_args(domain)]
-        if job is not None:
-            refuse_on_cluster("a job's message")
-            keys += [job_key(job.name), JOBS_VERSION, job_run_key(job.name, job.run)]
-            args.append(job.run)
-        if jar_key is not None:
-            keys.append(jar_key)
+        keys = admit_keys(domain, cache_url, done, job, jar_key)
+        args = [rate.amount, span_ms, spacing_ms, 1 if cache_url else 0,
+                done.member if done else 0, int(booked_ms), int(max_wait_ms),
+                *self.throttle.admit_args(domain), *([job.run] if job is not None else [])]
         reply = self._admit(keys=keys, args=args)
         cached, go, wait_ms, permit, slot_ms = reply[:5]
         version = int(reply[6]) if len(reply) > 6 and reply[6] is not None else None
@@ -300,7 +300,7 @@ class RateLimiter:
             return Admission(go=False, job_verdict=verdict, jobs_version=version)
         permit_member = permit.decode() if isinstance(permit, bytes) else permit
         return Admission(go=go == 1, wait_ms=int(wait_ms), cached=cached or None,
-                         permit=Permit(log_key, permit_member) if permit_member else None,
+                         permit=Permit(keys[1], permit_member) if permit_member else None,
                          slot_ms=int(slot_ms), too_late=go == 3,
                          throttle=ThrottleState.from_reply(reply[5]) if len(reply) > 5 else None,
                          jobs_version=version,

@@ -18,6 +18,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -28,6 +29,7 @@ from common.core.errors import REDIS_UNAVAILABLE
 from common.core.urls import canonicalize
 from common.intake.producer import Producer
 from common.store import slots
+from common.store.backlog import read_fill
 from common.store.connection import connect_redis
 from common.store.keys import FAILURES_STREAM, RESULTS_STREAM
 from devtools.services import reset_state
@@ -36,12 +38,14 @@ from devtools.testsite import TestSite, start_sites
 from tests.helpers import (
     TEST_ENV,
     drain,
+    files_sink_process,
     output_of,
     own_channel,
     queue_depth,
     start_worker_process,
     wait_for,
 )
+from tests.sink.parts import lines
 
 #: 127.0.0.7 .. 127.0.0.12: their domain shards are served by all three primaries.
 SITES, PAGES, FIRST_HOST = 6, 50, "127.0.0.7"
@@ -89,6 +93,17 @@ def _recorded(client: redis.cluster.RedisCluster) -> int:
                    for part in slots.parts(name))
     except (*REDIS_UNAVAILABLE, redis.exceptions.RedisClusterException):
         return 0
+
+
+def _appended(client: redis.cluster.RedisCluster) -> int:
+    """Results ever appended to every part (XINFO STREAM entries-added: a sink trims)."""
+    total = 0
+    for part in slots.parts(RESULTS_STREAM):
+        try:
+            total += int(client.xinfo_stream(part)["entries-added"])
+        except redis.ResponseError:  # no such stream yet
+            continue
+    return total
 
 
 def _fullest_primary(cluster: RedisClusterGroup) -> tuple[str, int]:
@@ -151,6 +166,7 @@ def test_a_killed_cluster_primary_is_replaced_by_its_replica_and_every_url_has_o
         for worker in workers:
             assert worker.wait(timeout=60) == 0, output_of(worker)[-3000:]
         logs = "".join(output_of(worker) for worker in workers)
+        open("/tmp/cluster_worker_logs.txt", "w").write(logs)
     finally:
         for worker in workers:
             if worker.poll() is None:
@@ -162,6 +178,7 @@ def test_a_killed_cluster_primary_is_replaced_by_its_replica_and_every_url_has_o
         dead = [json.loads(body)["url"] for _m, _p, body in
                 drain(channel, topology.FAILED_QUEUE)]
         left = {name: queue_depth(channel, name) for name in PENDING_QUEUES}
+    assert "CROSSSLOT" not in logs and "Traceback" not in logs, logs[-3000:]
     assert [url for url, count in per_url.items() if count > 1] == [], "no URL twice"
     assert dead == [], dead
     assert per_url == Counter(canonicalize(url) for url in urls), "nothing lost"
@@ -176,6 +193,38 @@ def test_a_killed_cluster_primary_is_replaced_by_its_replica_and_every_url_has_o
           f"ones already done")
     print(_cpu_per_page(cpu_before, cpu_mid, recorded_at_kill))
     print(_cpu_per_page(cpu_mid, cpu_after, len(urls) - recorded_at_kill, "after the kill"))
+
+
+@pytest.mark.slow
+def test_a_files_sink_on_a_cluster_exports_every_shard_s_results_once_and_drains_its_backlog(
+        services, cluster, farm, tmp_path: Path):
+    cluster.heal()
+    _flush(cluster)
+    settings = load_settings({**TEST_ENV, **cluster.env, "RABBITMQ_URL": services.rabbitmq_url})
+    reset_state(services.rabbitmq_url, services.redis_url, purge=True)
+    client = connect_redis(settings)
+    urls = [site.page_url(n) for site in farm for n in range(1, 11)]
+    out = tmp_path / "out"
+    with files_sink_process(settings, out, tmp_path / "sink.log") as sink:
+        with Producer(settings, client) as producer:
+            assert producer.submit(urls).new == len(urls)
+        worker = start_worker_process(settings, "--concurrency", "4",
+                                      env={**cluster.env, "WORKER_ID": "cluster-sink-w"})
+        try:
+            assert wait_for(lambda: _appended(client) >= len(urls), 120), output_of(worker)
+            assert wait_for(lambda: read_fill(client).sinks.get("files") == 0, 30), \
+                (read_fill(client), (tmp_path / "sink.log").read_text()[-2000:])
+            fill = read_fill(client)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=60) == 0, output_of(worker)[-3000:]
+        sink.send_signal(signal.SIGTERM)
+        assert sink.wait(timeout=60) == 0, (tmp_path / "sink.log").read_text()[-3000:]
+    exported = lines(out)
+    assert Counter(line["url"] for line in exported) == Counter(canonicalize(u) for u in urls)
+    parts = {line["stream"] for line in exported}
+    assert len(parts) > 1 and {slots.whole(p) for p in parts} == {RESULTS_STREAM}, parts
+    assert fill.lengths[RESULTS_STREAM] <= len(urls), "the parts' lengths summed per stream"
 
 
 def _cpu_per_page(before: dict, after: dict, pages: int, when: str = "before the kill") -> str:

@@ -26,11 +26,12 @@ import redis
 from common.broker import topology
 from common.core.config import Settings, load_settings
 from common.core.errors import REDIS_UNAVAILABLE
-from common.core.urls import canonicalize
+from common.core.urls import canonicalize, fingerprint
 from common.intake.producer import Producer
 from common.store import slots
 from common.store.backlog import read_fill
 from common.store.connection import connect_redis
+from common.store.dedupe import HELD, TAKEN, Claims, SeenSet
 from common.store.keys import FAILURES_STREAM, RESULTS_STREAM
 from devtools.services import reset_state
 from devtools.services.redis_cluster import RedisClusterGroup
@@ -125,6 +126,25 @@ def _flush(cluster: RedisClusterGroup) -> None:
             node.flushall()
         finally:
             node.close()
+
+
+def test_seen_set_and_claims_split_by_shard_on_a_cluster_keep_their_single_node_answers(
+        cluster):
+    _flush(cluster)
+    settings = load_settings({**TEST_ENV, **cluster.env})
+    client = connect_redis(settings)
+    seen, claims = SeenSet(client, settings.seen_buckets), Claims(client)
+    fps = [fingerprint(f"http://site{n % 40}.test/p/{n}") for n in range(300)]
+    assert claims.take_unseen(seen, fps, "page:a") == [HELD] * 300
+    assert claims.take_unseen(seen, fps, "page:b") == [TAKEN] * 300, "claimed by page:a"
+    assert claims.mark_seen(seen, fps[:200]) == 200
+    assert claims.release(fps[200:], "page:a", seen=seen) == 100
+    assert seen.contains_many(fps) == [True] * 200 + [False] * 100
+    for node in cluster.primary_addresses():  # a restarted or promoted node: no scripts
+        redis.Redis(host=node[0], port=node[1]).script_flush()
+    assert seen.add_many(fps[150:]) == [False] * 50 + [True] * 100, "NOSCRIPT: loaded again"
+    assert claims.take_unseen(seen, fps, "page:b") == [TAKEN] * 300, "all seen now"
+    assert len({seen.key(fp).split("}")[0] for fp in fps}) == slots.SHARDS
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ than CLAIM_TTL_MS (its reservation lapses before its confirm is counted).
 
 Every operation is one pipelined round trip for a whole batch; on a Redis Cluster one script
 call per shard of the batch's buckets (a bucket and its URLs' claims share a hash tag,
-common/store/slots.py), and a done mark lives in its URL's domain shard.
+common/store/slots.py), all in one cluster pipeline (each primary's calls sent together), each
+atomic on its own; a done mark lives in its URL's domain shard.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import redis
 from common.core.urls import Fingerprint, job_fingerprint
 from common.store.keys import DONE_PREFIX, SEEN_PREFIX, claim_key, job_run_key, seen_bucket
 from common.store.marks import DoneMark
-from common.store.slots import by_shard, refuse_on_cluster, url_shard
+from common.store.slots import refuse_on_cluster, run_by_shard, spread, url_shard
 
 # KEYS[i] the bucket of fingerprint i, ARGV[i] its member. One command for a whole batch:
 # redis-py packs and parses one command instead of a pipeline of one per URL.
@@ -66,17 +67,20 @@ class SeenSet:
         """The URL's ``claim:`` key, in its bucket's slot."""
         return claim_key(fp.hex, fp.bucket(self.buckets))
 
-    def by_slot(self, fps: Sequence[Fingerprint], call: Callable[[list[int]], Any]) -> list:
-        """``call(indexes)`` for all of ``fps`` at once, or on a cluster per bucket shard."""
-        return by_shard(len(fps), lambda i: fps[i].bucket(self.buckets), call)
+    def by_slot(self, fps: Sequence[Fingerprint], script: Any,
+                build: Callable[[list[int]], tuple[list[str], list[Any]]]) -> list:
+        """``script`` for all of ``fps`` at once, or on a cluster per bucket shard (one
+        pipeline): :func:`common.store.slots.run_by_shard`."""
+        return run_by_shard(self.client, script, len(fps),
+                            lambda i: fps[i].bucket(self.buckets), build)
 
     def add_many(self, fps: Sequence[Fingerprint]) -> list[bool]:
         """Mark fingerprints as seen; True for each one that was new (one round trip)."""
         if not fps:
             return []
-        added = self.by_slot(fps, lambda ix: self._sadd_each(
-            keys=[self.key(fps[i]) for i in ix], args=[fps[i].member for i in ix]))
-        return [flag == 1 for flag in added]
+        added = self.by_slot(fps, self._sadd_each, lambda ix: (
+            [self.key(fps[i]) for i in ix], [fps[i].member for i in ix]))
+        return [flag == 1 for flag in spread(added, len(fps))]
 
     def remove_many(self, fps: Sequence[Fingerprint]) -> int:
         """Forget fingerprints (unconfirmed publishes, expired messages). Returns how many."""
@@ -90,9 +94,9 @@ class SeenSet:
     def contains_many(self, fps: Sequence[Fingerprint]) -> list[bool]:
         if not fps:
             return []
-        found = self.by_slot(fps, lambda ix: self._sismember_each(
-            keys=[self.key(fps[i]) for i in ix], args=[fps[i].member for i in ix]))
-        return [bool(flag) for flag in found]
+        found = self.by_slot(fps, self._sismember_each, lambda ix: (
+            [self.key(fps[i]) for i in ix], [fps[i].member for i in ix]))
+        return [bool(flag) for flag in spread(found, len(fps))]
 
     def count(self) -> int:
         """Number of fingerprints, by SCARD over the existing buckets (for stats)."""
@@ -293,14 +297,13 @@ class Claims:
             refuse_on_cluster("a job's page budget")
             extra, limit = [budget.counters, budget.reservations], budget.pages
 
-        def claim(ix: list[int]) -> list[Any]:
-            keys: list[str] = []
-            for i in ix:
-                keys += (seen.key(fps[i]), seen.claim(fps[i]))
-            return self._claim_unseen(keys=[*keys, *extra], args=[
-                token, self.ttl_ms, take_over, limit, *(fps[i].member for i in ix)])
+        def claim(ix: list[int]) -> tuple[list[str], list[Any]]:
+            keys = [key for i in ix for key in (seen.key(fps[i]), seen.claim(fps[i]))]
+            return [*keys, *extra], [token, self.ttl_ms, take_over, limit,
+                                     *(fps[i].member for i in ix)]
 
-        return [int(flag) for flag in seen.by_slot(fps, claim)]
+        held = seen.by_slot(fps, self._claim_unseen, claim)
+        return [int(flag) for flag in spread(held, len(fps))]
 
     def mark_seen(self, seen: SeenSet, fps: Sequence[Fingerprint],
                   run: RunBudget | None = None) -> int:
@@ -310,19 +313,13 @@ class Claims:
             return 0
         if run is not None:
             refuse_on_cluster("a job's run counters")
-        extra, added = [run.counters, run.reservations] if run is not None else [], 0
+        extra = [run.counters, run.reservations] if run is not None else []
 
-        def mark(ix: list[int]) -> list[Any]:
-            nonlocal added
-            keys: list[str] = []
-            for i in ix:
-                keys += (seen.key(fps[i]), seen.claim(fps[i]))
-            added += int(self._seen_unclaim(keys=[*keys, *extra], args=[
-                "known" if run else "", *(fps[i].member for i in ix)]))
-            return [None] * len(ix)
+        def mark(ix: list[int]) -> tuple[list[str], list[Any]]:
+            keys = [key for i in ix for key in (seen.key(fps[i]), seen.claim(fps[i]))]
+            return [*keys, *extra], ["known" if run else "", *(fps[i].member for i in ix)]
 
-        seen.by_slot(fps, mark)
-        return added
+        return sum(int(added) for _ix, added in seen.by_slot(fps, self._seen_unclaim, mark))
 
     def release(self, fps: Sequence[Fingerprint], token: str,
                 run: RunBudget | None = None, seen: SeenSet | None = None) -> int:
@@ -336,15 +333,11 @@ class Claims:
         seen = seen or SeenSet(self.client, 1)
         if run is not None:
             refuse_on_cluster("a job's run reservations")
-        extra, dropped = [run.reservations] if run is not None else [], 0
+        extra = [run.reservations] if run is not None else []
 
-        def drop(ix: list[int]) -> list[Any]:
-            nonlocal dropped
-            dropped += int(self._release(keys=[*(seen.claim(fps[i]) for i in ix), *extra],
-                                         args=[token, "1" if run else "",
-                                               *(fps[i].member for i in ix)]))
-            return [None] * len(ix)
+        def drop(ix: list[int]) -> tuple[list[str], list[Any]]:
+            return ([*(seen.claim(fps[i]) for i in ix), *extra],
+                    [token, "1" if run else "", *(fps[i].member for i in ix)])
 
-        seen.by_slot(fps, drop)
-        return dropped
+        return sum(int(n) for _ix, n in seen.by_slot(fps, self._release, drop))
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.cluster import key_slot
+from redis.exceptions import NoScriptError
 
 from common.core.errors import ConfigError
 from common.core.urls import domain_of
@@ -116,20 +117,47 @@ def parts(name: str) -> list[str]:
     return [part(name, shard) for shard in range(SHARDS)] if _cluster else [name]
 
 
-def by_shard(count: int, bucket_of: Callable[[int], int],
-             call: Callable[[list[int]], list[Any]]) -> list[Any]:
-    """``call(indexes)`` once for items 0..count-1, or in cluster mode once per shard of their
-    buckets (``bucket_of(i)``; a script's keys must share a slot). Returns ``call``'s
-    per-index replies in item order."""
+def run_by_shard(client: Any, script: Any, count: int, bucket_of: Callable[[int], int],
+                 build: Callable[[list[int]], tuple[list[str], list[Any]]]
+                 ) -> list[tuple[list[int], Any]]:
+    """``script`` (a registered redis-py Script) once for items 0..count-1, its keys and args
+    from ``build(indexes)``; in cluster mode once per shard of the items' buckets
+    (``bucket_of(i)``), every call in one cluster pipeline (sent to each primary at once).
+    Returns each call's indexes and reply. On a cluster the calls are atomic each, not
+    together: an error leaves the shards before it done.
+
+    Raises:
+        redis.RedisError: a call's error (NOSCRIPT aside: the script is loaded and run again).
+    """
     if not _cluster:
-        return list(call(list(range(count))))
+        indexes = list(range(count))
+        keys, args = build(indexes)
+        return [(indexes, script(keys=keys, args=args))]
     groups: dict[int, list[int]] = {}
     for i in range(count):
         groups.setdefault(bucket_of(i) % SHARDS, []).append(i)
+    calls = [(indexes, *build(indexes)) for indexes in groups.values()]
+    pipe = client.pipeline(transaction=False)
+    for _indexes, keys, args in calls:  # by name: the cluster pipeline refuses evalsha()
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    done = []
+    for (indexes, keys, args), reply in zip(calls, pipe.execute(raise_on_error=False),
+                                            strict=True):
+        if isinstance(reply, NoScriptError):  # nothing ran; Script loads it and runs it
+            reply = script(keys=keys, args=args)
+        elif isinstance(reply, Exception):
+            raise reply
+        done.append((indexes, reply))
+    return done
+
+
+def spread(calls: list[tuple[list[int], Any]], count: int) -> list[Any]:
+    """:func:`run_by_shard`'s per-item replies (each call's reply a list, one per index), in
+    item order."""
     replies: list[Any] = [None] * count
-    for indexes in groups.values():
-        for i, reply in zip(indexes, call(indexes), strict=True):
-            replies[i] = reply
+    for indexes, reply in calls:
+        for i, item in zip(indexes, reply, strict=True):
+            replies[i] = item
     return replies
 
 

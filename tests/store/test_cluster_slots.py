@@ -3,6 +3,8 @@
 Each Lua script in common/ is either placed (its keys, built by the fleet's own key builders
 for many URLs and domains, share one hash slot) or refused on a cluster: a new script must be
 put in one of the two tables below, so a script cannot bring CROSSSLOT to a cluster unseen.
+The seen-set's scripts, split per shard at run time, run against a real cluster in
+tests/test_redis_cluster_fleet.py.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import redis
 from redis.cluster import key_slot
 
 from common.core.errors import ConfigError
-from common.core.urls import domain_of, fingerprint
+from common.core.urls import domain_of
 from common.store import slots
-from common.store.dedupe import DoneSet, SeenSet
+from common.store.dedupe import DoneSet
 from common.store.keys import (
     COUNTERS,
     FAILURES_STREAM,
@@ -125,24 +127,6 @@ def test_the_throttle_and_session_scripts_keys_share_the_domain_s_slot(cluster_m
         assert _one_slot([throttle_key(site), slots.part(THROTTLED, shard)])
         assert _one_slot([session_pool_key("default", site), cookie_jar_key("default", site, "1.0"),
                           slots.part(COUNTERS, shard)])
-
-
-def test_seen_set_calls_are_split_so_each_call_s_buckets_and_claims_share_one_slot(
-        cluster_mode):
-    seen = SeenSet(UNUSED, 16384)
-    fps = [fingerprint(url) for url in _urls()]
-    calls: list[list[int]] = []
-
-    def call(indexes: list[int]) -> list[int]:
-        calls.append(indexes)
-        keys = [key for i in indexes for key in (seen.key(fps[i]), seen.claim(fps[i]))]
-        assert _one_slot(keys), keys
-        bucket = fps[indexes[0]].bucket(16384)
-        assert _one_slot([*keys, slots.part(COUNTERS, slots.bucket_shard(bucket))])  # expire
-        return indexes
-
-    assert seen.by_slot(fps, call) == list(range(len(fps))), "replies in the URLs' order"
-    assert len(calls) == slots.SHARDS, "one call per shard touched"
 
 
 def test_the_fleet_wide_parts_and_heartbeats_are_spread_or_together_as_designed(cluster_mode):

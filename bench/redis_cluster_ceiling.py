@@ -1,9 +1,10 @@
 """Redis Cluster's CPU per page, per primary, for the fleet's hot path (issue 31).
 
     .venv/bin/python -m bench.redis_cluster_ceiling [--clients 3] [--seconds 10] [--min-replicas 0]
+        [--primaries 3]
 
-As bench/redis_ceiling.py's phase 2, on a loopback Redis Cluster of 3 primaries with a replica
-each (devtools/services/redis_cluster.py): ``--clients`` processes run the worker's two hot-path
+As bench/redis_ceiling.py's phase 2, on a loopback Redis Cluster of 3 (``--primaries``)
+primaries with a replica each (devtools/services/redis_cluster.py): ``--clients`` processes run the worker's two hot-path
 scripts back to back (``ADMIT_LUA`` then ``RECORD_LUA``, through the fleet's own cluster client,
 keys tagged per domain shard) for new URLs over 50 domains, with the records and cache values
 a single-node phase 1 left (bench/redis_ceiling.py). Reported: pages/s, each primary's CPU
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=3, help="client processes")
     parser.add_argument("--seconds", type=float, default=10.0, help="each phase's duration")
+    parser.add_argument("--primaries", type=int, default=3, help="cluster primaries (3)")
     parser.add_argument("--min-replicas", type=int, default=0,
                         help="REDIS_MIN_REPLICAS of the clients (0 or 1: one replica each)")
     args = parser.parse_args(argv)
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
         payloads = _payloads(redis.Redis.from_url(single.url))
         baseline = ceiling(single.url, args.clients, args.seconds)
-        cluster = stack.enter_context(RedisClusterGroup())
+        cluster = stack.enter_context(RedisClusterGroup(primaries=args.primaries))
         report = {"single_node": baseline, "commands_per_page": commands.get("commands_per_page"),
                   "cluster": cluster_ceiling(cluster, payloads, args.clients, args.seconds,
                                              args.min_replicas)}

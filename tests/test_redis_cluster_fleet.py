@@ -186,7 +186,6 @@ def test_a_killed_cluster_primary_is_replaced_by_its_replica_and_every_url_has_o
         for worker in workers:
             assert worker.wait(timeout=60) == 0, output_of(worker)[-3000:]
         logs = "".join(output_of(worker) for worker in workers)
-        open("/tmp/cluster_worker_logs.txt", "w").write(logs)
     finally:
         for worker in workers:
             if worker.poll() is None:

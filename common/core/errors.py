@@ -77,9 +77,13 @@ AMQP_CONNECTION_LOST: tuple[type[BaseException], ...] = (
 
 #: Redis cannot answer right now (down, loading, a read-only replica after a failover; with
 #: Sentinel, no primary known yet: MasterNotFoundError, a ConnectionError; replicas behind:
-#: ReplicaTimeout, a TimeoutError).
+#: ReplicaTimeout, a TimeoutError). On a Redis Cluster, a failover in progress: CLUSTERDOWN
+#: (and MASTERDOWN), TRYAGAIN, a slot no node serves yet, a MOVED our node-level WAIT
+#: pipeline meets (common/store/results.py).
 REDIS_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.ReadOnlyError)
+    redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.ReadOnlyError,
+    redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
+    redis.exceptions.SlotNotCoveredError, redis.exceptions.AskError)
 
 
 # -- classification: what happens to a URL after each kind of failure -------------------------

@@ -198,19 +198,29 @@ def host_ports(raw: str) -> tuple[tuple[str, int], ...]:
     return tuple(pairs)
 
 
-#: URL schemes of Redis Cluster clients. The fleet's Lua scripts touch keys in several hash
-#: slots, so they would fail on a cluster (CROSSSLOT): refused at start-up instead.
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster", "redis-cluster", "rediss-cluster")
-CLUSTER_REFUSED = ("Redis Cluster is not supported: the fleet's Lua scripts touch keys in "
-                   "several hash slots (NOTES.md, Redis high availability); run one primary with "
-                   "replicas and Sentinel (REDIS_SENTINELS) instead")
+#: URL schemes of a Redis Cluster's nodes: ``redis+cluster://[user:password@]host:port,...``
+#: (common/store/connection.py, docs/design-redis-cluster.md).
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+CLUSTER_NODE = ("is a Redis Cluster node: name the cluster's nodes in a redis+cluster:// "
+                "REDIS_URL (redis+cluster://host:port,host:port), or run one primary with "
+                "replicas and Sentinel (REDIS_SENTINELS); a plain client would fail at the first "
+                "script of keys in several hash slots")
 
 
 def redis_url(raw: str) -> str:
-    """REDIS_URL: a redis, rediss or unix URL; a cluster URL is refused with the reason."""
-    if urlsplit(raw).scheme.lower() in CLUSTER_SCHEMES:
-        raise ValueError(CLUSTER_REFUSED)
-    return url_with_scheme("redis", "rediss", "unix")(raw)
+    """REDIS_URL: a redis, rediss or unix URL, or a cluster's nodes (``redis+cluster://``
+    ``host:port,host:port``, each address checked)."""
+    parts = urlsplit(raw)
+    if parts.scheme.lower() not in CLUSTER_SCHEMES:
+        return url_with_scheme("redis", "rediss", "unix")(raw)
+    for address in parts.netloc.rpartition("@")[2].split(","):
+        host, _colon, port = address.strip().rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected host:port for each node of a redis+cluster:// URL, "
+                             f"got {address!r}")
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError("a Redis Cluster has database 0 only")
+    return raw
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")

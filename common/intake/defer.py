@@ -11,16 +11,14 @@ the others (NOTES.md). So the producer paces each domain at its rate (the limite
   full body and queue, into the ZSET ``deferred``, scored by slot minus the lead. The producer
   then marks it seen like a confirmed one: the write to Redis is its confirm.
 * :class:`Releaser` (a daemon thread in every worker, its own Redis client and AMQP
-  connection): one atomic Lua call claims up to DEFER_BATCH due members into
-  ``deferred:inflight`` under a lease (DEFER_LEASE_S), so two releasers never take the same
-  one; they are published with confirms, then removed. A batch whose releaser died (kill -9)
-  is claimed again when its lease runs out.
+  connection): one Lua call claims up to DEFER_BATCH due members into ``deferred:inflight``
+  under a lease (DEFER_LEASE_S), so two releasers never take the same one; published with
+  confirms, then removed; a dead releaser's batch (kill -9) is claimed again after its lease.
 
 A job's pace (``politeness.rate_limit``): its URLs take the run's own slots of each domain,
-``deferred:next:{name}/{run}:{domain}``, spaced at the stricter of its rate and the domain's;
-the fleet's per-domain limiter stays the ceiling of all jobs together. Its honest limits: the
-first lead × rate URLs of a domain (20 at 2/s, DEFER_LEAD_S 10) are published at once and go at
-the domain's rate, the job's holds after them; DEFER_LEAD_S=0 (no deferral) drops the job's pace.
+``deferred:next:{name}/{run}:{domain}``, at the stricter of its rate and the domain's (the
+fleet's limiter the ceiling of all jobs). The first lead × rate URLs of a domain (20 at 2/s,
+DEFER_LEAD_S 10) go at the domain's rate, the job's after them; DEFER_LEAD_S=0 drops the pace.
 A deferred job message keeps its body (``job``, ``run``): the releaser publishes it as it was.
 
 Crash guarantees: no URL is lost; one may be published twice only where the done mark makes
@@ -50,6 +48,7 @@ from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, PublishError, ServiceUnavailable
 from common.store.connection import redis_client
 from common.store.keys import DEFERRED, DEFERRED_COUNTS, DEFERRED_INFLIGHT, deferred_next_key
+from common.store.slots import cluster
 from common.web.ratelimit import Rate, RateLimiter
 
 logger = logging.getLogger(__name__)
@@ -262,6 +261,8 @@ class Releaser:
     def claim(self) -> tuple[list[bytes], float]:
         """Lease up to ``batch`` members (due, or whose lease ran out): the members, and
         seconds until the next one is due (the poll interval when none is)."""
+        if cluster():  # none: deferral is refused on a Redis Cluster (store/connection.py)
+            return [], self.poll_s
         reply = self._claim(keys=[DEFERRED, DEFERRED_INFLIGHT], args=[self.batch, self.lease_ms])
         return reply[1:], (self.poll_s if int(reply[0]) < 0 else int(reply[0]) / 1000)
 
@@ -337,8 +338,7 @@ class Releaser:
 
 
 def deferred_status(client: redis.Redis, top: int = 10) -> dict[str, Any]:
-    """The status view's part: deferred URLs in all, being released, and per domain (the
-    ``top`` largest) with how long until the domain's last one has had its turn."""
+    """The status view's part: deferred URLs, those being released, the ``top`` domains."""
     counts = {k.decode(): int(v) for k, v in client.hgetall(DEFERRED_COUNTS).items()}
     largest = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     seconds, micros = client.time()

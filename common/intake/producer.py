@@ -258,7 +258,7 @@ class Producer:
                             claimed=not recrawl, job=job)
             if unpublished or failed:
                 self.claims.release([item.fp for item in (*unpublished, *failed)],
-                                    claim_token or self.token, job.budget if job else None)
+                                    claim_token or self.token, job and job.budget, self.seen)
             if invalid:
                 # Counted like the workers' dead letters, so the status view sees them too.
                 self.seen.client.hincrby(COUNTERS, f"dead_lettered:{InvalidURL.reason}",

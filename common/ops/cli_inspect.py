@@ -33,7 +33,7 @@ def status_main(settings: Settings, argv: list[str] | None = None,
     mode.add_argument("--watch", action="store_true", help="live view on the terminal")
     parser.add_argument("--interval", type=float, default=2.0, help="--watch refresh seconds")
     args = parser.parse_args(argv)
-    client = connect_redis(settings)
+    client = connect_redis(settings, not_on_cluster="status")  # its counts: one MULTI
     connection = connect_rabbitmq(settings)
     try:
         if args.watch:
@@ -93,7 +93,8 @@ def dlq_main(settings: Settings, argv: list[str] | None = None, prog: str | None
             print(f"{len(letters)} shown; by reason: {dlq.count_by_reason(letters)}")
             return cli.EXIT_OK
         if args.command == "replay":
-            summary = dlq.replay(settings, connection, connect_redis(settings),
+            summary = dlq.replay(settings, connection,
+                                 connect_redis(settings, not_on_cluster="dlq replay"),
                                  reason=args.reason, limit=args.limit, job=args.job)
             print(f"replayed={summary.matched} unreplayable={summary.skipped_unreplayable} "
                   f"kept={sum(summary.refused.values())} {summary.produced.line()}")

@@ -85,7 +85,7 @@ def job_main(settings: Settings, argv: list[str] | None = None,
              prog: str | None = None) -> int:
     """``scrape-fleet job``."""
     args = parse_args(argv, prog)
-    client = connect_redis(settings)
+    client = connect_redis(settings, not_on_cluster="jobs")
     registry = JobRegistry(client)
     try:
         if args.command == "submit":

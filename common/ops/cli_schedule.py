@@ -97,7 +97,8 @@ def schedule_main(settings: Settings, argv: list[str] | None = None,
                   prog: str | None = None) -> int:
     """``scheduler.py`` / ``scrape-fleet schedule``."""
     args = parse_args(argv, prog)
-    schedule = Schedule(connect_redis(settings), settings)
+    schedule = Schedule(connect_redis(settings, not_on_cluster="the recrawl scheduler"),
+                        settings)
     if args.command == "run":
         return run(settings, schedule)
     if args.command == "add":

@@ -67,6 +67,7 @@ from common.sink.postgres_assets import (
 )
 from common.sink.reader import Entry, Sink
 from common.store.keys import ASSETS_STREAM
+from common.store.slots import whole
 
 if TYPE_CHECKING:
     from common.core.config import Settings
@@ -154,7 +155,7 @@ def to_row(entry: Entry) -> Row:
     Raises:
         ValueError: an entry no table row can hold (unknown stream, bad id, no url, not JSON).
     """
-    outcome = OUTCOMES.get(entry.stream)
+    outcome = OUTCOMES.get(whole(entry.stream))  # a cluster's part: its stream
     match = STREAM_ID.fullmatch(entry.id)
     if outcome is None or match is None:
         raise ValueError(f"not a results/failures entry: stream {entry.stream!r} id {entry.id!r}")
@@ -271,7 +272,7 @@ class PostgresSink(Sink):
             psycopg.Error: nothing of the batch was written (or, if the COMMIT's reply was
                 lost, all of it was); write the batch again.
         """
-        rows = newest_per_url(e for e in entries if e.stream != ASSETS_STREAM)
+        rows = newest_per_url(e for e in entries if whole(e.stream) != ASSETS_STREAM)
         assets = newest_assets(entries)
         if not rows and not assets:
             return

@@ -54,6 +54,7 @@ from psycopg.types.json import Jsonb
 
 from common.sink.reader import Entry
 from common.store.keys import ASSETS_STREAM
+from common.store.slots import whole
 
 R = TypeVar("R")
 
@@ -247,7 +248,7 @@ def to_asset_row(entry: Entry) -> AssetRow:
         ValueError: an entry no row can hold (another stream, a bad id, no url, not JSON).
     """
     match = STREAM_ID.fullmatch(entry.id)
-    if entry.stream != ASSETS_STREAM or match is None:
+    if whole(entry.stream) != ASSETS_STREAM or match is None:
         raise ValueError(f"not an assets entry: stream {entry.stream!r} id {entry.id!r}")
     record, data = json_of(entry)
     url, job, run = url_job_run(entry, record)
@@ -263,7 +264,7 @@ def to_asset_row(entry: Entry) -> AssetRow:
 def newest_assets(entries: Iterable[Entry]) -> list[AssetRow]:
     """One row per media URL of a job run from the ``assets`` entries (the others are not
     looked at): :func:`newest_rows`."""
-    return newest_rows((e for e in entries if e.stream == ASSETS_STREAM), to_asset_row)
+    return newest_rows((e for e in entries if whole(e.stream) == ASSETS_STREAM), to_asset_row)
 
 
 def newest_rows(entries: Iterable[Entry], to_row: Callable[[Entry], R]) -> list[R]:

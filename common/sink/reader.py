@@ -13,6 +13,9 @@ by its lag until it runs again or is retired (:func:`retire`: SREM and XGROUP DE
 registered before a stream was added gets its group on it at its next start, from id 0; until
 then trimming that stream waits for it (:func:`trim_floor`).
 
+On a Redis Cluster a stream is a part per shard (an Entry's ``stream``; ``slots.whole``): a
+shard's three parts in one XREADGROUP, shard after shard; ``sinks`` in every shard too.
+
 Exactly once in the sink rests on three things: an entry is acknowledged only after
 ``Sink.write`` returned (durable), so a crash leaves it pending and the next start replays it
 (XREADGROUP from id 0 before ``>``); stream ids grow within a stream and one consumer reads
@@ -38,6 +41,7 @@ import redis
 from common.core.backoff import reconnect_delay_s
 from common.core.errors import REDIS_UNAVAILABLE
 from common.store.keys import ASSETS_STREAM, FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
+from common.store.slots import SHARDS, cluster, part, parts
 from scrape_fleet.sinks import Entry, Sink
 
 logger = logging.getLogger(__name__)
@@ -48,6 +52,12 @@ STREAMS = (RESULTS_STREAM, FAILURES_STREAM, ASSETS_STREAM)
 BLOCK_MS = 1000
 #: How often :func:`run_sink` trims the streams while entries flow (and on every idle second).
 TRIM_EVERY_S = 1.0
+POLL_S = 0.2  #: on a cluster, the pause after a round of reads that found nothing
+
+
+def streams() -> list[str]:
+    """Every stream a sink reads: :data:`STREAMS`, or on a cluster their parts."""
+    return [name for stream in STREAMS for name in parts(stream)]
 
 T = TypeVar("T")
 StreamId = tuple[int, int]
@@ -86,7 +96,7 @@ class SinkReader:
         self.batch = batch
         self._stop = threading.Event()
         self._replaying = True
-        self._cursor = dict.fromkeys(STREAMS, "0")
+        self._cursor = dict.fromkeys(streams(), "0")
 
     def register(self) -> None:
         """SADD the name to ``sinks`` (workers stop MAXLEN-trimming), then create the group on
@@ -95,9 +105,10 @@ class SinkReader:
         def do() -> None:
             # Read first, write only what is missing: a Redis over maxmemory refuses SADD and
             # XGROUP CREATE, and that is when an operator starts a sink to drain it.
-            if not self.client.sismember(SINKS, self.name):
-                self.client.sadd(SINKS, self.name)
-            for stream in STREAMS:
+            for sinks in dict.fromkeys([SINKS, *parts(SINKS)]):
+                if not self.client.sismember(sinks, self.name):
+                    self.client.sadd(sinks, self.name)
+            for stream in streams():
                 if self._has_group(stream):
                     continue
                 try:
@@ -130,14 +141,29 @@ class SinkReader:
                     if not entries:
                         continue
                 else:
-                    entries = self._redis("read", lambda: self._read(dict.fromkeys(STREAMS, ">"),
-                                                                     BLOCK_MS)) or []
+                    entries = self._redis("read", lambda: self._read(
+                        dict.fromkeys(streams(), ">"), BLOCK_MS)) or []
             except Stopped:
                 return
             yield entries
 
     def _read(self, ids: dict[str, str], block_ms: int | None = None) -> list[Entry] | None:
-        """One XREADGROUP over every stream; None when it returned nothing at all."""
+        """One XREADGROUP over every stream; None when it returned nothing at all. On a
+        cluster one per shard, none blocking."""
+        if not cluster():
+            return self._read_slot(ids, block_ms)
+        found: list[Entry] | None = None
+        for shard in range(SHARDS):
+            names = [part(stream, shard) for stream in STREAMS]
+            entries = self._read_slot({name: ids[name] for name in names})
+            if entries is not None:
+                found = [*(found or []), *entries]
+        if found is None and block_ms:
+            self._stop.wait(POLL_S)
+        return found
+
+    def _read_slot(self, ids: dict[str, str], block_ms: int | None = None
+                   ) -> list[Entry] | None:
         try:
             reply = self.client.xreadgroup(self.group, self.consumer, ids, count=self.batch,
                                            block=block_ms)
@@ -184,7 +210,7 @@ class SinkReader:
     def trim(self) -> dict[str, str | None]:
         """XTRIM each stream with MINID at the oldest entry that some registered sink has not
         acknowledged; returns that id per stream (None: not trimmed)."""
-        return self._redis("trim", lambda: {s: self._trim(s) for s in STREAMS})
+        return self._redis("trim", lambda: {s: self._trim(s) for s in streams()})
 
     def _trim(self, stream: str) -> str | None:
         try:
@@ -206,7 +232,7 @@ class SinkReader:
                 return call()
             except (*REDIS_UNAVAILABLE, redis.exceptions.OutOfMemoryError) as exc:
                 attempt += 1
-                self._replaying, self._cursor = True, dict.fromkeys(STREAMS, "0")
+                self._replaying, self._cursor = True, dict.fromkeys(streams(), "0")
                 delay = reconnect_delay_s(attempt)
                 logger.warning("sink %s: %s failed, Redis unavailable or full (%s); retry in "
                                "%.1f s",
@@ -251,7 +277,9 @@ def retire(client: redis.Redis, name: str) -> bool:
     XGROUP DESTROY its group on every stream. Returns False when there was nothing to retire.
     Stop the sink's process first, or its next read fails (:class:`SinkGone`)."""
     found = bool(client.srem(SINKS, name))
-    for stream in STREAMS:
+    for sinks in parts(SINKS) if cluster() else []:
+        client.srem(sinks, name)
+    for stream in streams():
         try:
             found = bool(client.xgroup_destroy(stream, sink_group(name))) or found
         except redis.ResponseError:

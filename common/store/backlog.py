@@ -8,7 +8,8 @@ Redis cannot tell the lag (XDEL inside the unread range) or the sink has no grou
 yet, the stream's length stands in: with sinks registered the streams are trimmed only below
 what every sink acknowledged, so it is an upper bound. The fleet's backlog is the largest over
 the registered sinks. Workers read this every PRESSURE_CHECK_S (common/work/pressure.py), the
-status view once per snapshot.
+status view once per snapshot. On a Redis Cluster: every shard's part of each stream (summed per
+stream and per sink), and the memory of the fullest primary.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import redis
 
 from common.store.keys import ASSETS_STREAM, FAILURES_STREAM, RESULTS_STREAM, SINKS, sink_group
+from common.store.slots import cluster, parts, whole
 
 STREAMS = (RESULTS_STREAM, FAILURES_STREAM, ASSETS_STREAM)  # what the sinks read
 
@@ -63,33 +65,50 @@ def read_fill(client: redis.Redis) -> Fill:
     Raises:
         redis.RedisError: Redis unreachable, or an error reply other than a missing stream.
     """
+    streams = [name for stream in STREAMS for name in parts(stream)]  # a cluster's: per shard
     pipe = client.pipeline(transaction=False)
-    pipe.info("memory")
+    if not cluster():
+        pipe.info("memory")
     pipe.smembers(SINKS)
-    for stream in STREAMS:
+    for stream in streams:
         pipe.xlen(stream)
-    for stream in STREAMS:
+    for stream in streams:
         pipe.xinfo_groups(stream)
-    info, names, *rest = pipe.execute(raise_on_error=False)
-    lengths_raw, groups_raw = rest[:len(STREAMS)], rest[len(STREAMS):]
+    replies = pipe.execute(raise_on_error=False)
+    info = replies.pop(0) if not cluster() else _fullest(client)
+    names, rest = replies[0], replies[1:]
+    lengths_raw, groups_raw = rest[:len(streams)], rest[len(streams):]
     for reply in (info, names, *lengths_raw):
         if isinstance(reply, Exception):
             raise reply
-    lengths = dict(zip(STREAMS, (int(n) for n in lengths_raw), strict=True))
-    groups = {stream: _groups(reply) for stream, reply in zip(STREAMS, groups_raw, strict=True)}
+    part_lengths = dict(zip(streams, (int(n) for n in lengths_raw), strict=True))
+    groups = {stream: _groups(reply) for stream, reply in zip(streams, groups_raw, strict=True)}
     sinks = {}
     for name in sorted(_text(n) for n in names):
         total = 0
-        for stream in STREAMS:
+        for stream in streams:
             group = groups[stream].get(sink_group(name))
             if group is None:
-                total += lengths[stream]  # no group yet: the sink may still read everything
+                total += part_lengths[stream]  # no group yet: the sink may read everything
                 continue
             lag = group.get("lag")
             total += int(group.get("pending") or 0) + (
-                lengths[stream] if lag is None else int(lag))
+                part_lengths[stream] if lag is None else int(lag))
         sinks[name] = total
+    lengths = dict.fromkeys(STREAMS, 0)
+    for stream, length in part_lengths.items():
+        lengths[whole(stream)] += length
     return Fill(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)), lengths, sinks)
+
+
+def _fullest(client: Any) -> dict[str, Any]:
+    """INFO memory of the cluster's primary closest to its maxmemory (the most used without
+    limits): the one that refuses writes first."""
+    infos = client.info("memory", target_nodes=client.PRIMARIES)
+    infos = infos.values() if isinstance(infos, dict) and "used_memory" not in infos else [infos]
+    return max(infos, key=lambda i: (int(i.get("used_memory", 0)) / int(i["maxmemory"])
+                                     if int(i.get("maxmemory", 0)) else 0.0,
+                                     int(i.get("used_memory", 0))))
 
 
 def _groups(reply: Any) -> dict[str, dict[str, Any]]:

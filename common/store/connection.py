@@ -11,17 +11,23 @@ redis-py's Sentinel connection) — is all in :data:`~common.core.errors.REDIS_U
 the callers' existing hold-and-retry covers it. Registered Lua scripts survive a failover:
 redis-py's Script loads its script again on NOSCRIPT.
 
-A Redis Cluster node is refused at connect: the fleet's scripts touch keys in several hash
-slots (NOTES.md, Redis high availability).
+A Redis Cluster is named by its nodes, ``REDIS_URL=redis+cluster://[user:password@]host:port,
+host:port``: redis-py's RedisCluster, its keys tagged so every script's keys share one hash
+slot (common/store/slots.py, docs/design-redis-cluster.md). It retries nothing either (a
+ConnectionError reloads its slot map; our callers hold and retry), a failover's CLUSTERDOWN and
+TRYAGAIN are in REDIS_UNAVAILABLE, and it follows MOVED itself. A plain REDIS_URL that reaches
+a cluster node is refused at connect, naming the cluster URL.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
@@ -29,7 +35,8 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 from common.core.backoff import keep_trying
 from common.core.config import Settings
 from common.core.errors import REDIS_UNAVAILABLE, ConfigError, ServiceUnavailable
-from common.core.values import CLUSTER_REFUSED
+from common.core.values import CLUSTER_NODE, CLUSTER_SCHEMES
+from common.store import slots
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +59,64 @@ class FleetRedis(redis.Redis):
     wait_max_s: float = 0.0
 
 
-def redis_client(settings: Settings, **kwargs: Any) -> FleetRedis:
+class FleetRedisCluster(RedisCluster):
+    """A Redis Cluster client with :class:`FleetRedis`'s durability rule."""
+
+    min_replicas: int = 0
+    wait_timeout_ms: int = 0
+    wait_max_s: float = 0.0
+
+
+def cluster_nodes(url: str) -> list[tuple[str, int]] | None:
+    """The nodes a ``redis+cluster://`` URL names; None for any other URL."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in CLUSTER_SCHEMES:
+        return None
+    nodes = []
+    for address in parts.netloc.rpartition("@")[2].split(","):
+        host, _colon, port = address.strip().rpartition(":")
+        nodes.append((host.strip("[]"), int(port)))
+    return nodes
+
+
+def _cluster_client(settings: Settings, nodes: list[tuple[str, int]],
+                    options: dict[str, Any]) -> FleetRedisCluster:
+    """The RedisCluster of ``nodes``; the password and user from REDIS_URL.
+
+    Raises:
+        ConfigError: with REDIS_SENTINELS, or with what a cluster does not run yet (deferral).
+    """
+    if settings.redis_sentinels:
+        raise ConfigError("REDIS_SENTINELS and a redis+cluster:// REDIS_URL: choose one")
+    if settings.defer_lead_s > 0:
+        raise ConfigError("a Redis Cluster needs DEFER_LEAD_S=0: per-domain deferral "
+                          "(common/intake/defer.py) is not sharded yet "
+                          "(docs/design-redis-cluster.md)")
+    parts = urlsplit(settings.redis_url)
+    if parts.username:
+        options.setdefault("username", unquote(parts.username))
+    if parts.password:
+        options.setdefault("password", unquote(parts.password))
+    if parts.scheme.lower().startswith("rediss"):
+        options.setdefault("ssl", True)
+    slots.set_cluster(True)
+    return FleetRedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes],
+                             retry=Retry(NoBackoff(), 0), **options)
+
+
+def redis_client(settings: Settings, **kwargs: Any) -> FleetRedis:  # or FleetRedisCluster
     """The client ``settings`` describe, not connected yet (:func:`connect_redis` checks it).
 
     Raises:
         ConfigError: REDIS_SENTINELS with a ``unix://`` REDIS_URL.
     """
     options = {**CLIENT_OPTIONS, **kwargs}
-    client: FleetRedis
-    if not settings.redis_sentinels:
+    client: FleetRedis | FleetRedisCluster
+    nodes = cluster_nodes(settings.redis_url)
+    slots.set_cluster(False)
+    if nodes is not None:
+        client = _cluster_client(settings, nodes, options)
+    elif not settings.redis_sentinels:
         client = FleetRedis.from_url(settings.redis_url, **options)
     else:
         sentinel = Sentinel(list(settings.redis_sentinels), sentinel_kwargs={
@@ -91,6 +147,9 @@ def _primary_options(url: str) -> dict[str, Any]:
 
 def describe(settings: Settings) -> str:
     """Where Redis is looked for, for messages (never a password)."""
+    nodes = cluster_nodes(settings.redis_url)
+    if nodes is not None:
+        return "Redis Cluster " + ",".join(f"{host}:{port}" for host, port in nodes)
     if settings.redis_sentinels:
         sentinels = ",".join(f"{host}:{port}" for host, port in settings.redis_sentinels)
         return f"primary {settings.redis_sentinel_master!r} of Sentinel {sentinels}"
@@ -100,14 +159,20 @@ def describe(settings: Settings) -> str:
     return str(client_kwargs.get("path") or "redis")
 
 
-def connect_redis(settings: Settings, **kwargs: Any) -> FleetRedis:
-    """A Redis client that has answered PING, retried with backoff.
+def connect_redis(settings: Settings, *, not_on_cluster: str = "", **kwargs: Any) -> FleetRedis:
+    """A Redis client that has answered PING, retried with backoff. ``not_on_cluster``: what
+    the caller is (the job runner, the scheduler...), when it does not run on a Redis Cluster.
 
     Raises:
         ServiceUnavailable: Redis (or the sentinels) refused our password or stayed
             unreachable.
-        ConfigError: the server is a Redis Cluster node.
+        ConfigError: a plain REDIS_URL at a Redis Cluster node; ``not_on_cluster`` given
+            with a cluster REDIS_URL.
     """
+    if not_on_cluster and cluster_nodes(settings.redis_url) is not None:
+        raise ConfigError(f"{not_on_cluster} does not run on a Redis Cluster yet: its scripts "
+                          "keep fleet-wide keys together (docs/design-redis-cluster.md); "
+                          "only the crawl path (producers, workers, sinks) does")
     client = redis_client(settings, **kwargs)
     where = describe(settings)
 
@@ -122,8 +187,8 @@ def connect_redis(settings: Settings, **kwargs: Any) -> FleetRedis:
                 raise ServiceUnavailable(f"the sentinels refused the login ({where}); check "
                                          "REDIS_SENTINEL_PASSWORD") from None
             raise
-        if _cluster_enabled(client):
-            raise ConfigError(f"Redis at {where} is a Redis Cluster node. {CLUSTER_REFUSED}")
+        if not slots.cluster() and _cluster_enabled(client):
+            raise ConfigError(f"Redis at {where} {CLUSTER_NODE}")
         return client
 
     return keep_trying(connect, timeout_s=settings.connect_retry_s, retry_on=REDIS_UNAVAILABLE,

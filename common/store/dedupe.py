@@ -14,19 +14,24 @@ yet seen, ending with the claim) stay under it; its mark-seen script raises ``kn
 URLs newly seen. So the limit is exact across producers and workers, but for a publish slower
 than CLAIM_TTL_MS (its reservation lapses before its confirm is counted).
 
-Every operation is one pipelined round trip for a whole batch.
+Every operation is one pipelined round trip for a whole batch; on a Redis Cluster one script
+call per shard of the batch's buckets (a bucket and its URLs' claims share a hash tag,
+common/store/slots.py), all in one cluster pipeline (each primary's calls sent together), each
+atomic on its own; a done mark lives in its URL's domain shard.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from common.core.urls import Fingerprint, job_fingerprint
 from common.store.keys import DONE_PREFIX, SEEN_PREFIX, claim_key, job_run_key, seen_bucket
 from common.store.marks import DoneMark
+from common.store.slots import refuse_on_cluster, run_by_shard, spread, url_shard
 
 # KEYS[i] the bucket of fingerprint i, ARGV[i] its member. One command for a whole batch:
 # redis-py packs and parses one command instead of a pipeline of one per URL.
@@ -58,13 +63,24 @@ class SeenSet:
     def key(self, fp: Fingerprint) -> str:
         return seen_bucket(fp.bucket(self.buckets), self.prefix)
 
+    def claim(self, fp: Fingerprint) -> str:
+        """The URL's ``claim:`` key, in its bucket's slot."""
+        return claim_key(fp.hex, fp.bucket(self.buckets))
+
+    def by_slot(self, fps: Sequence[Fingerprint], script: Any,
+                build: Callable[[list[int]], tuple[list[str], list[Any]]]) -> list:
+        """``script`` for all of ``fps`` at once, or on a cluster per bucket shard (one
+        pipeline): :func:`common.store.slots.run_by_shard`."""
+        return run_by_shard(self.client, script, len(fps),
+                            lambda i: fps[i].bucket(self.buckets), build)
+
     def add_many(self, fps: Sequence[Fingerprint]) -> list[bool]:
         """Mark fingerprints as seen; True for each one that was new (one round trip)."""
         if not fps:
             return []
-        added = self._sadd_each(keys=[self.key(fp) for fp in fps],
-                                args=[fp.member for fp in fps])
-        return [flag == 1 for flag in added]
+        added = self.by_slot(fps, self._sadd_each, lambda ix: (
+            [self.key(fps[i]) for i in ix], [fps[i].member for i in ix]))
+        return [flag == 1 for flag in spread(added, len(fps))]
 
     def remove_many(self, fps: Sequence[Fingerprint]) -> int:
         """Forget fingerprints (unconfirmed publishes, expired messages). Returns how many."""
@@ -78,9 +94,9 @@ class SeenSet:
     def contains_many(self, fps: Sequence[Fingerprint]) -> list[bool]:
         if not fps:
             return []
-        found = self._sismember_each(keys=[self.key(fp) for fp in fps],
-                                     args=[fp.member for fp in fps])
-        return [bool(flag) for flag in found]
+        found = self.by_slot(fps, self._sismember_each, lambda ix: (
+            [self.key(fps[i]) for i in ix], [fps[i].member for i in ix]))
+        return [bool(flag) for flag in spread(found, len(fps))]
 
     def count(self) -> int:
         """Number of fingerprints, by SCARD over the existing buckets (for stats)."""
@@ -106,7 +122,8 @@ class DoneSet:
         """The done mark of ``url``'s outcome, or with a recrawl ``nonce`` that of one refresh;
         ``scope``: a job's run ("name/run", :attr:`JobRef.scope`), None for the default job."""
         fp = job_fingerprint(f"{url}#recrawl:{nonce}" if nonce else url, scope)
-        return DoneMark(self.fingerprints.key(fp), fp.member)
+        return DoneMark(seen_bucket(fp.bucket(self.fingerprints.buckets), DONE_PREFIX,
+                                    url_shard(url)), fp.member)
 
     def contains(self, mark: DoneMark) -> bool:
         return bool(self.client.sismember(mark.key, mark.member))
@@ -118,7 +135,13 @@ class DoneSet:
     def forget(self, urls: Sequence[str], scope: str | None = None) -> int:
         """Clear the marks of ``urls`` (a DLQ replay makes them new again), within a job's run
         ``scope`` or the default job's. Returns how many."""
-        return self.fingerprints.remove_many([job_fingerprint(url, scope) for url in urls])
+        if not urls:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for url in urls:
+            mark = self.mark_for(url, scope=scope)
+            pipe.srem(mark.key, mark.member)
+        return sum(pipe.execute())
 
 
 #: How long a claim keeps other pages off a URL; far longer than publishing a batch.
@@ -268,16 +291,19 @@ class Claims:
         """
         if not fps:
             return []
-        keys: list[str] = []
-        for fp in fps:
-            keys += (seen.key(fp), claim_key(fp.hex))
+        extra: list[str] = []
         limit = -1
         if budget is not None and budget.pages is not None:
-            keys += (budget.counters, budget.reservations)
-            limit = budget.pages
-        held = self._claim_unseen(keys=keys, args=[token, self.ttl_ms, take_over, limit,
-                                                   *(fp.member for fp in fps)])
-        return [int(flag) for flag in held]
+            refuse_on_cluster("a job's page budget")
+            extra, limit = [budget.counters, budget.reservations], budget.pages
+
+        def claim(ix: list[int]) -> tuple[list[str], list[Any]]:
+            keys = [key for i in ix for key in (seen.key(fps[i]), seen.claim(fps[i]))]
+            return [*keys, *extra], [token, self.ttl_ms, take_over, limit,
+                                     *(fps[i].member for i in ix)]
+
+        held = seen.by_slot(fps, self._claim_unseen, claim)
+        return [int(flag) for flag in spread(held, len(fps))]
 
     def mark_seen(self, seen: SeenSet, fps: Sequence[Fingerprint],
                   run: RunBudget | None = None) -> int:
@@ -285,23 +311,33 @@ class Claims:
         ``run`` counts those newly seen as ``known`` in the same script. Returns that number."""
         if not fps:
             return 0
-        keys: list[str] = []
-        for fp in fps:
-            keys += (seen.key(fp), claim_key(fp.hex))
         if run is not None:
-            keys += (run.counters, run.reservations)
-        return int(self._seen_unclaim(keys=keys, args=["known" if run else "",
-                                                       *(fp.member for fp in fps)]))
+            refuse_on_cluster("a job's run counters")
+        extra = [run.counters, run.reservations] if run is not None else []
+
+        def mark(ix: list[int]) -> tuple[list[str], list[Any]]:
+            keys = [key for i in ix for key in (seen.key(fps[i]), seen.claim(fps[i]))]
+            return [*keys, *extra], ["known" if run else "", *(fps[i].member for i in ix)]
+
+        return sum(int(added) for _ix, added in seen.by_slot(fps, self._seen_unclaim, mark))
 
     def release(self, fps: Sequence[Fingerprint], token: str,
-                run: RunBudget | None = None) -> int:
+                run: RunBudget | None = None, seen: SeenSet | None = None) -> int:
         """Drop the claims ``token`` still holds on ``fps`` (not published: failed, over
         budget), so a page may publish them at once; a job's ``run`` its reservations too.
-        Returns how many."""
+        ``seen`` places the claims (needed on a cluster). Returns how many."""
         if not fps:
             return 0
-        keys = [claim_key(fp.hex) for fp in fps]
+        if seen is None:  # one bucket will do outside cluster mode
+            refuse_on_cluster("releasing claims without their seen-set")
+        seen = seen or SeenSet(self.client, 1)
         if run is not None:
-            keys.append(run.reservations)
-        return int(self._release(keys=keys, args=[token, "1" if run else "",
-                                                  *(fp.member for fp in fps)]))
+            refuse_on_cluster("a job's run reservations")
+        extra = [run.reservations] if run is not None else []
+
+        def drop(ix: list[int]) -> tuple[list[str], list[Any]]:
+            return ([*(seen.claim(fps[i]) for i in ix), *extra],
+                    [token, "1" if run else "", *(fps[i].member for i in ix)])
+
+        return sum(int(n) for _ix, n in seen.by_slot(fps, self._release, drop))
+

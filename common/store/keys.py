@@ -149,9 +149,18 @@
 
 ``{url}`` is the canonical URL; ``{origin}`` is scheme://host[:port]; ``{domain}`` the host;
 ``{site}`` a URL's rate-limit domain; ``{job}`` a job's name ("default" outside jobs).
+
+On a Redis Cluster (common/store/slots.py, docs/design-redis-cluster.md) the keys one script
+touches share a hash tag after their prefix: a domain's keys and the admit/record scripts'
+per-URL keys that of the domain's shard (``ratelimit:{s3.54}:example.com``,
+``done:{s3.54}:1f``); a seen bucket and its URLs' claims that of the bucket's shard; results,
+failures, assets, stats:counters, throttled and sinks have one part per shard
+(``results:{s3.54}``); heartbeats share ``{workers}``. Outside cluster mode, the names above.
 """
 
 from __future__ import annotations
+
+from common.store.slots import bucket_shard, cluster, domain_shard, tag, url_shard
 
 SEEN_PREFIX = "crawled_urls:"
 DONE_PREFIX = "done:"
@@ -162,9 +171,10 @@ SINKS = "sinks"
 COUNTERS = "stats:counters"
 
 
-def seen_bucket(bucket: int, prefix: str = SEEN_PREFIX) -> str:
-    """The key of bucket number ``bucket`` of a fingerprint set (seen-set by default)."""
-    return f"{prefix}{bucket:x}"
+def seen_bucket(bucket: int, prefix: str = SEEN_PREFIX, shard: int | None = None) -> str:
+    """The key of bucket number ``bucket`` of a fingerprint set (seen-set by default); on a
+    cluster in ``shard`` (default: the bucket's own, :func:`common.store.slots.bucket_shard`)."""
+    return f"{prefix}{tag(bucket_shard(bucket) if shard is None else shard)}{bucket:x}"
 
 
 def sink_group(name: str) -> str:
@@ -173,30 +183,30 @@ def sink_group(name: str) -> str:
 
 
 def content_key(url: str) -> str:
-    return f"content:{url}"
+    return f"content:{tag(url_shard(url))}{url}"
 
 
 def rate_log_key(domain: str) -> str:
-    return f"ratelimit:{domain}"
+    return f"ratelimit:{tag(domain_shard(domain))}{domain}"
 
 
 def rate_slot_key(domain: str) -> str:
-    return f"ratelimit:{domain}:next"
+    return f"ratelimit:{tag(domain_shard(domain))}{domain}:next"
 
 
 THROTTLED = "throttled"
 
 
 def throttle_key(domain: str) -> str:
-    return f"throttle:{domain}"
+    return f"throttle:{tag(domain_shard(domain))}{domain}"
 
 
 def failures_key(url: str) -> str:
-    return f"failures:{url}"
+    return f"failures:{tag(url_shard(url))}{url}"
 
 
 def poison_key(url: str) -> str:
-    return f"poison:{url}"
+    return f"poison:{tag(url_shard(url))}{url}"
 
 
 def robots_key(origin: str) -> str:
@@ -207,8 +217,9 @@ def robots_lock_key(origin: str) -> str:
     return f"robots:lock:{origin}"
 
 
-def claim_key(fp_hex: str) -> str:
-    return f"claim:{fp_hex}"
+def claim_key(fp_hex: str, bucket: int = 0) -> str:
+    """A URL's claim; on a cluster in its seen bucket's shard (``bucket``)."""
+    return f"claim:{tag(bucket_shard(bucket))}{fp_hex}"
 
 
 def crawl_pages_key(domain: str) -> str:
@@ -233,7 +244,7 @@ WORKERS_PREFIX = "workers:"
 
 
 def worker_key(worker_id: str) -> str:
-    return f"{WORKERS_PREFIX}{worker_id}"
+    return f"{WORKERS_PREFIX}{'{workers}:' if cluster() else ''}{worker_id}"
 
 
 STATUS_READINGS = "status:readings"
@@ -274,15 +285,15 @@ def api_fails_key(who: str) -> str:
 
 
 def session_pool_key(job: str, site: str) -> str:
-    return f"sessions:{job}|{site}"
+    return f"sessions:{tag(domain_shard(site))}{job}|{site}"
 
 
 def cookie_jar_key(job: str, site: str, session: str) -> str:
-    return f"cookies:{job}|{site}|{session}"
+    return f"cookies:{tag(domain_shard(site))}{job}|{site}|{session}"
 
 
 def session_login_key(job: str, site: str, session: str) -> str:
-    return f"session:login:{job}|{site}|{session}"
+    return f"session:login:{tag(domain_shard(site))}{job}|{site}|{session}"
 
 
 def proxy_rest_key(proxy_id: str) -> str:

@@ -25,6 +25,10 @@ another was promoted (a split brain) is demoted by Sentinel, which closes our co
 error ends the wait, and the page is done again on the new primary, where that done mark never
 arrived. Past REDIS_WAIT_MAX_S, :class:`~common.core.errors.ReplicaTimeout` (a Redis outage to
 the caller). A failure record (written on the worker's I/O thread) gets one WAIT only.
+
+On a Redis Cluster (common/store/slots.py) each of the script's keys is in the URL's domain
+shard: the stream, counters and sinks keys are that shard's parts (``results:{s3.54}``), and
+WAIT goes down the same connection to the shard's primary (a node client's pipeline).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import orjson
 import redis
 
 from common.core.errors import ReplicaTimeout
-from common.store.connection import FleetRedis
+from common.store.connection import FleetRedis, FleetRedisCluster
 from common.store.hot_script import HotScript
 from common.store.keys import (
     ASSETS_STREAM,
@@ -52,12 +56,21 @@ from common.store.keys import (
     job_run_key,
 )
 from common.store.marks import DoneMark, Retime
+from common.store.slots import (
+    GIVEN_LUA,
+    absent,
+    part,
+    parts,
+    refuse_on_cluster,
+    url_shard,
+)
 
 logger = logging.getLogger(__name__)
 #: The counter each repeated WAIT bumps: a write of this connection for WAIT to count.
 REPLICA_WAITS = "replica_waits"
 
 # One script, one round trip, for everything a fetched page leaves in Redis.
+# Absent keys ('' or on a cluster the bare hash tag, common/store/slots.py: given(key)).
 # KEYS[1] done:{b} ('' = no once-only check)  KEYS[2] results (or failures)  KEYS[3] content:{url}
 # KEYS[4] stats:counters  KEYS[5] failures:{url}  KEYS[6] ratelimit:{domain} ('' = no permit)
 # KEYS[7] sinks (the registered result sinks: with any, the sinks trim the stream, not MAXLEN)
@@ -68,9 +81,9 @@ REPLICA_WAITS = "replica_waits"
 # ARGV[10] its bytes  ARGV[11] failure reason ('' = none)  ARGV[12..] counter name, amount, ...
 # Appends the result only if the URL was not done yet; returns 1 when appended. The run's
 # counters move only then: one outcome per URL, however often it is recorded.
-RECORD_LUA = """
+RECORD_LUA = GIVEN_LUA + """
 local appended = 1
-if KEYS[1] ~= '' and redis.call('SADD', KEYS[1], ARGV[1]) == 0 then
+if given(KEYS[1]) and redis.call('SADD', KEYS[1], ARGV[1]) == 0 then
   appended = 0
 else
   if redis.call('SCARD', KEYS[7]) == 0 then
@@ -81,8 +94,8 @@ else
 end
 if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[5]) end
 if ARGV[6] == '1' then redis.call('DEL', KEYS[5]) end
-if KEYS[6] ~= '' then redis.call('ZADD', KEYS[6], 'XX', 'GT', ARGV[8], ARGV[7]) end
-if appended == 1 and KEYS[8] ~= '' then
+if given(KEYS[6]) then redis.call('ZADD', KEYS[6], 'XX', 'GT', ARGV[8], ARGV[7]) end
+if appended == 1 and given(KEYS[8]) then
   redis.call('HINCRBY', KEYS[8], ARGV[9], 1)
   if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[8], 'bytes', ARGV[10]) end
   if ARGV[11] ~= '' then redis.call('HINCRBY', KEYS[8], 'failed:' .. ARGV[11], 1) end
@@ -97,7 +110,7 @@ class ResultStore:
         self.client = client
         self.maxlen = maxlen
         self._record = HotScript(client, RECORD_LUA)
-        rule = client if isinstance(client, FleetRedis) else FleetRedis  # its WAIT rule
+        rule = client if isinstance(client, FleetRedis | FleetRedisCluster) else FleetRedis
         self.min_replicas, self.wait_timeout_ms = rule.min_replicas, rule.wait_timeout_ms
         self.wait_max_s = rule.wait_max_s
 
@@ -126,8 +139,8 @@ class ResultStore:
         if sent_at is None:
             permit = None
         url = record["url"]
-        keys = [done.key if done else "", stream, content_key(url), COUNTERS,
-                failures_key(url), permit.log_key if permit else "", SINKS, _run_key(record)]
+        keys = record_keys(url, stream, done, permit.log_key if permit else None,
+                           _run_key(record))
         args: list[Any] = [done.member if done else 0, encode(record), self.maxlen,
                            cache[0] if cache else b"", cache[1] if cache else 0,
                            1 if clear_failures else 0, permit.member if permit else "",
@@ -152,22 +165,43 @@ class ResultStore:
             ReplicaTimeout: fewer replicas confirmed in time.
         """
         for _attempt in range(2):  # the second after loading the script (NOSCRIPT)
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self._pipeline(keys[1])
             pipe.evalsha(self._record.sha, len(keys), *keys, *args)
             pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
             appended, confirmed = pipe.execute(raise_on_error=False)
             if isinstance(appended, redis.exceptions.NoScriptError):
-                self._record.sha = self.client.script_load(RECORD_LUA)
+                self._pipeline(keys[1]).script_load(RECORD_LUA).execute()
                 continue
             for reply in (appended, confirmed):
                 if isinstance(reply, Exception):
+                    self._lost_node(reply)
                     raise reply
             if int(confirmed) < self.min_replicas:
                 if not patient:
                     raise self._timeout(url, int(confirmed), self.wait_timeout_ms / 1000)
-                self._confirm(url, int(confirmed))
+                self._confirm(url, int(confirmed), key=part(COUNTERS, url_shard(url)))
             return bool(appended)
         raise redis.exceptions.NoScriptError("the result script vanished again after SCRIPT LOAD")
+
+    def _pipeline(self, key: str) -> redis.client.Pipeline:
+        """A pipeline on one connection; on a cluster, to the primary serving ``key`` (WAIT
+        counts the writes of its own connection, so the script and WAIT share one)."""
+        if not isinstance(self.client, redis.cluster.RedisCluster):
+            return self.client.pipeline(transaction=False)
+        node = self.client.get_node_from_key(key)
+        return self.client.get_redis_connection(node).pipeline(transaction=False)
+
+    def _lost_node(self, error: BaseException) -> None:
+        """A node-level pipeline failed (the primary gone, MOVED after a failover): the
+        cluster client's slot map is reloaded so the caller's retry reaches the new primary."""
+        if not isinstance(self.client, redis.cluster.RedisCluster) or isinstance(
+                error, redis.exceptions.NoScriptError):
+            return
+        try:
+            self.client.nodes_manager.initialize()
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+            logger.warning("reloading the cluster's slot map failed (%s); the next command "
+                           "tries again", exc)
 
     def confirm_replicated(self, url: str) -> None:
         """A redelivery found its URL's outcome already recorded: before that delivery is
@@ -178,9 +212,10 @@ class ResultStore:
             ReplicaTimeout: still too few replicas after REDIS_WAIT_MAX_S.
         """
         if self.min_replicas > 0:
-            self._confirm(url, 0, announce=False)
+            self._confirm(url, 0, announce=False, key=part(COUNTERS, url_shard(url)))
 
-    def _confirm(self, url: str, confirmed: int, announce: bool = True) -> None:
+    def _confirm(self, url: str, confirmed: int, announce: bool = True,
+                 key: str = COUNTERS) -> None:
         """WAIT again until the replicas confirm, for up to REDIS_WAIT_MAX_S in all. Each try
         writes first (HINCRBY ``replica_waits``): WAIT counts the writes of the connection it
         runs on, and any later write of any connection covers the result. A Redis error (the
@@ -195,10 +230,14 @@ class ResultStore:
                            "for them (up to %gs)", confirmed, self.min_replicas, url,
                            self.wait_max_s)
         while time.monotonic() - started < self.wait_max_s:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hincrby(COUNTERS, REPLICA_WAITS, 1)
+            pipe = self._pipeline(key)  # ``key``: on a cluster, the URL's shard's counters
+            pipe.hincrby(key, REPLICA_WAITS, 1)
             pipe.execute_command("WAIT", self.min_replicas, self.wait_timeout_ms)
-            confirmed = int(pipe.execute()[1])
+            try:
+                confirmed = int(pipe.execute()[1])
+            except redis.exceptions.RedisError as exc:
+                self._lost_node(exc)
+                raise
             if confirmed >= self.min_replicas:
                 if not announce:
                     return
@@ -216,21 +255,38 @@ class ResultStore:
         return self.record(record, done=done, stream=FAILURES_STREAM)
 
     def count(self) -> int:
-        return int(self.client.xlen(RESULTS_STREAM))
+        return sum(int(self.client.xlen(name)) for name in parts(RESULTS_STREAM))
 
     def iter_records(self, start: str = "-", batch: int = 1000) -> Iterator[tuple[str, dict]]:
-        """Every record from ``start`` (a stream id, inclusive) on, oldest first."""
+        """Every record from ``start`` (a stream id, inclusive) on, oldest first (on a
+        cluster, part after part)."""
+        for name in parts(RESULTS_STREAM):
+            yield from self._iter_part(name, start, batch)
+
+    def _iter_part(self, name: str, start: str, batch: int) -> Iterator[tuple[str, dict]]:
         cursor = start
         exclusive = False
         while True:
             low = f"({cursor}" if exclusive else cursor
-            entries = self.client.xrange(RESULTS_STREAM, min=low, max="+", count=batch)
+            entries = self.client.xrange(name, min=low, max="+", count=batch)
             if not entries:
                 return
             for entry_id, fields in entries:
                 ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                 yield ident, json.loads(fields[b"json"] if b"json" in fields else fields["json"])
             cursor, exclusive = ident, True
+
+
+def record_keys(url: str, stream: str, done: DoneMark | None, permit_log: str | None,
+                run_key: str) -> list[str]:
+    """:data:`RECORD_LUA`'s KEYS; on a Redis Cluster all in the URL's domain shard (a job's
+    run counters are refused there: fleet-wide)."""
+    shard = url_shard(url)
+    if run_key:
+        refuse_on_cluster("a job's run counters")
+    return [done.key if done else absent(shard), part(stream, shard), content_key(url),
+            part(COUNTERS, shard), failures_key(url), permit_log or absent(shard),
+            part(SINKS, shard), run_key or absent(shard)]
 
 
 def _run_key(record: dict[str, Any]) -> str:

@@ -12,20 +12,16 @@ One Lua script (:data:`ADMIT_LUA`) is the worker's first round trip for every UR
 
 Why a sliding log and not INCR/EXPIRE windows: fixed windows allow 2×amount across a window
 boundary, and the limit is checked against the *site's* request log. Why not the ``limits``
-library's moving window: we need "when will there be room" from the same atomic call, and the
-cache lookup in it too, to stay at one round trip (NOTES.md #11). ``limits`` parses the notation.
-
+library's moving window: we need "when will there be room" and the cache lookup from the same
+atomic call: one round trip (NOTES.md #11). ``limits`` parses the notation.
 The guard (RATE_LIMIT_GUARD, a fraction of the window kept free) absorbs server-side jitter:
-permits are moved to their request's real send time (:func:`retime_permit`), so what is left
-is the network and the site's own clock.
-
+permits are moved to their request's real send time (:func:`retime_permit`).
 The same call applies the domain's adaptive throttle (common/web/throttle.py): a blocked domain
 books slots from the block's end on; a slowed one lets one request through per
 ``spacing / rate`` while slots are still booked at the configured spacing (a URL that finds the
 window full books the next free slot), so the configured rate is back the moment the rate is;
 and it enforces MAX_WAIT_S: a URL whose slot would come later than its wait allows books
-nothing and is told so (go = 3). A robots.txt Crawl-delay is capped at
-ROBOTS_MAX_CRAWL_DELAY_S.
+nothing and is told so (go = 3). A robots.txt Crawl-delay is capped (ROBOTS_MAX_CRAWL_DELAY_S).
 
 A job's message (issue 26) has its job's state decided first, in the same call: the script
 reads ``job:{name}`` (state, run) and ``jobs:version``. Its run running: as above, and the
@@ -34,7 +30,7 @@ version comes back (the worker's job book reloads when it moved). Paused, same r
 Anything else (cancelled, finished, an older run): "cancelled", the message's done mark set and
 ``cancelled`` added to its run's counters only when the mark is new, so a redelivery is not
 counted twice. A deleted job's message marks and counts nothing ("deleted"). The default job's
-call carries no job keys and runs no job command: its cost is the cost before jobs.
+call has no job keys and runs no job command. On a Redis Cluster: :func:`admit_keys`.
 """
 
 from __future__ import annotations
@@ -46,6 +42,7 @@ from typing import Protocol
 import redis
 
 from common.core.config import Settings
+from common.store.hot_script import HotScript
 from common.store.keys import (
     JOBS_VERSION,
     THROTTLED,
@@ -57,6 +54,7 @@ from common.store.keys import (
     throttle_key,
 )
 from common.store.marks import DoneMark, Permit, Retime
+from common.store.slots import GIVEN_LUA, absent, domain_shard, part, refuse_on_cluster
 from common.web.throttle import (
     FUNCTIONS_LUA,
     Signal,
@@ -91,7 +89,7 @@ class JobRun(Protocol):
 #       3 = its slot would come after its wait limit (nothing booked), 4 = its job's run is not
 #       running: "paused" (nothing booked) or "cancelled" (its done mark set; counted
 #       `cancelled` in its run's counters when newly set)
-ADMIT_LUA = """
+ADMIT_LUA = GIVEN_LUA + """
 local jobv, verdict
 if ARGV[13] then
   local job = redis.call('HMGET', KEYS[7], 'state', 'run')
@@ -103,12 +101,12 @@ if ARGV[13] then
   end
 end
 local jar_key = (#KEYS == 7 or #KEYS == 10) and KEYS[#KEYS]
-if KEYS[4] ~= '' and redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
+if given(KEYS[4]) and redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
   return {false, 2, 0, '', 0, jobv and false, jobv}
 end
 if verdict then
   -- A deleted job marks and counts nothing: its name and run numbers may be taken again.
-  if verdict == 'cancelled' and KEYS[4] ~= '' and redis.call('SADD', KEYS[4], ARGV[5]) == 1
+  if verdict == 'cancelled' and given(KEYS[4]) and redis.call('SADD', KEYS[4], ARGV[5]) == 1
   then redis.call('HINCRBY', KEYS[9], 'cancelled', 1) end
   return {false, 4, 0, '', 0, false, jobv, verdict}
 end
@@ -236,6 +234,20 @@ end
 MAX_CHARGE = 1000
 
 
+def admit_keys(domain: str, cache_url: str | None, done: DoneMark | None, job: JobRun | None,
+               jar_key: str | None) -> list[str]:
+    """:data:`ADMIT_LUA`'s KEYS; on a Redis Cluster all in the domain's shard (a job's message
+    is refused there: its job keys are fleet-wide)."""
+    shard = domain_shard(domain)
+    keys = [content_key(cache_url) if cache_url else absent(shard), rate_log_key(domain),
+            rate_slot_key(domain), done.key if done else absent(shard), throttle_key(domain),
+            part(THROTTLED, shard)]
+    if job is not None:
+        refuse_on_cluster("a job's message")
+        keys += [job_key(job.name), JOBS_VERSION, job_run_key(job.name, job.run)]
+    return keys if jar_key is None else [*keys, jar_key]
+
+
 class RateLimiter:
     """Rates per domain and the atomic admit call."""
 
@@ -246,7 +258,7 @@ class RateLimiter:
         self.guard = settings.rate_limit_guard
         self.max_crawl_delay_s = settings.robots_max_crawl_delay_s
         self.throttle = Throttle(settings)
-        self._admit = client.register_script(ADMIT_LUA)
+        self._admit = HotScript(client, ADMIT_LUA)  # every page: redis-py's layers skipped
         self._charge = client.register_script(CHARGE_LUA)
 
     def rate_for(self, domain: str, crawl_delay_s: float | None = None) -> Rate:
@@ -277,18 +289,11 @@ class RateLimiter:
         (``Admission.jar``), so cookies cost the page no round trip of its own."""
         span_ms = rate.window_ms + math.ceil(rate.window_ms * self.guard)
         spacing_ms = math.ceil(span_ms / rate.amount)
-        done_key, member = done or ("", 0)
-        log_key = rate_log_key(domain)
-        keys = [content_key(cache_url or ""), log_key, rate_slot_key(domain), done_key,
-                throttle_key(domain), THROTTLED]
-        args = [rate.amount, span_ms, spacing_ms, 1 if cache_url else 0, member,
+        keys = admit_keys(domain, cache_url, done, job, jar_key)
+        args = [rate.amount, span_ms, spacing_ms, 1 if cache_url else 0,
+                done.member if done else 0,
                 int(booked_ms) if booked_ms or not queue else -1, int(max_wait_ms),
-                *self.throttle.admit_args(domain)]
-        if job is not None:
-            keys += [job_key(job.name), JOBS_VERSION, job_run_key(job.name, job.run)]
-            args.append(job.run)
-        if jar_key is not None:
-            keys.append(jar_key)
+                *self.throttle.admit_args(domain), *([job.run] if job is not None else [])]
         reply = self._admit(keys=keys, args=args)
         cached, go, wait_ms, permit, slot_ms = reply[:5]
         version = int(reply[6]) if len(reply) > 6 and reply[6] is not None else None
@@ -299,7 +304,7 @@ class RateLimiter:
             return Admission(go=False, job_verdict=verdict, jobs_version=version)
         permit_member = permit.decode() if isinstance(permit, bytes) else permit
         return Admission(go=go == 1, wait_ms=int(wait_ms), cached=cached or None,
-                         permit=Permit(log_key, permit_member) if permit_member else None,
+                         permit=Permit(keys[1], permit_member) if permit_member else None,
                          slot_ms=int(slot_ms), too_late=go == 3,
                          throttle=ThrottleState.from_reply(reply[5]) if len(reply) > 5 else None,
                          jobs_version=version,

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import redis
 
 from common.store.keys import COUNTERS, cookie_jar_key, session_pool_key
+from common.store.slots import domain_shard, part
 from common.web.cookies import Jar
 
 __all__ = ["Session", "SessionPool"]
@@ -176,5 +177,5 @@ class SessionPool:
         if not session.pooled:
             return False
         return self._retire(keys=[session_pool_key(session.job, session.site),
-                                  session.jar_key, COUNTERS],
+                                  session.jar_key, part(COUNTERS, domain_shard(session.site))],
                             args=[session.slot, session.generation]) == 1

@@ -48,6 +48,7 @@ from common.core.config import Settings
 from common.core.urls import domain_of
 from common.store.keys import THROTTLED, throttle_key
 from common.store.marks import Retime
+from common.store.slots import domain_shard, part, parts
 from common.web.fetch import FetchResult
 
 logger = logging.getLogger(__name__)
@@ -244,7 +245,8 @@ class Throttle:
         domain = domain_of(url)
         logger.info("throttle %s: %s after %s %s (worker %s)", domain,
                     "blocked" if kind == "block" else "slowed", why, url, self.worker_id)
-        pipe.eval(REPORT_LUA, 2, throttle_key(domain), THROTTLED, domain, self.config, kind,
+        index = part(THROTTLED, domain_shard(domain))  # on a cluster the domain's shard's
+        pipe.eval(REPORT_LUA, 2, throttle_key(domain), index, domain, self.config, kind,
                   int(sent_at * 1000) if sent_at else 0, retry_ms,
                   random.uniform(0, self.jitter), status or "", why)
         return True
@@ -254,8 +256,8 @@ def read_states(client: redis.Redis, limit: int = 50) -> list[tuple[str, dict[st
     """The domains with a throttle state, as (domain, hash, Redis now ms), most recent first."""
     seconds, micros = client.time()
     now_ms = seconds * 1000 + micros // 1000
-    domains = [d.decode() for d in client.zrevrangebyscore(THROTTLED, "+inf", now_ms,
-                                                           start=0, num=limit)]
+    domains = [d.decode() for name in parts(THROTTLED)  # on a cluster, one per shard
+               for d in client.zrevrangebyscore(name, "+inf", now_ms, start=0, num=limit)]
     pipe = client.pipeline(transaction=False)
     for domain in domains:
         pipe.hgetall(throttle_key(domain))

@@ -15,19 +15,21 @@ from common.core.urls import Fingerprint, canonicalize, identity_url, job_finger
 from common.jobs.registry import JobRef
 from common.store.dedupe import SeenSet
 from common.store.keys import COUNTERS, job_run_key
+from common.store.slots import GIVEN_LUA, absent, bucket_shard, part, refuse_on_cluster
 from common.work.outcome import Outcome
 
 logger = logging.getLogger(__name__)
 
+# On a cluster all in the bucket's shard (an absent key its bare tag, common/store/slots.py).
 # KEYS[1] crawled_urls:{b} ('' = nothing to release)  KEYS[2] stats:counters
 # KEYS[3] job:{name}:run:{n} ('' = the default job)  ARGV[1] the fingerprint's member
 # Returns 1 when the fingerprint was released; the run counts it only then.
-RELEASE_LUA = """
+RELEASE_LUA = GIVEN_LUA + """
 local released = 0
-if KEYS[1] ~= '' then released = redis.call('SREM', KEYS[1], ARGV[1]) end
+if given(KEYS[1]) then released = redis.call('SREM', KEYS[1], ARGV[1]) end
 redis.call('HINCRBY', KEYS[2], 'expired', 1)
 redis.call('HINCRBY', KEYS[2], 'released', released)
-if released == 1 and KEYS[3] ~= '' then redis.call('HINCRBY', KEYS[3], 'expired', 1) end
+if released == 1 and given(KEYS[3]) then redis.call('HINCRBY', KEYS[3], 'expired', 1) end
 return released
 """
 
@@ -41,8 +43,12 @@ def release_expired(body: bytes, seen: SeenSet) -> Outcome:
         return Outcome("released", "<unparsable>", detail=f"expired bad message: {exc}")
     job = JobRef.of(message.extra)
     fp = _fingerprint_of(message, job)
-    seen.client.eval(RELEASE_LUA, 3, seen.key(fp) if fp is not None else "", COUNTERS,
-                     job_run_key(job.name, job.run) if job is not None else "",
+    shard = bucket_shard(fp.bucket(seen.buckets) if fp is not None else 0)
+    if job is not None:
+        refuse_on_cluster("a job's expired message")
+    seen.client.eval(RELEASE_LUA, 3, seen.key(fp) if fp is not None else absent(shard),
+                     part(COUNTERS, shard),
+                     job_run_key(job.name, job.run) if job is not None else absent(shard),
                      fp.member if fp is not None else 0)
     return Outcome("released", message.url, detail="expired; fingerprint released")
 

@@ -77,8 +77,9 @@ class RedisSettings(SettingsGroup):
 
     redis_url_raw: str | None = setting(
         "REDIS_URL", values.redis_url, None,
-        "Full Redis URL; when set it wins over the REDIS_* parts. A Redis Cluster is "
-        "refused (use Sentinel).", url=True)
+        "Full Redis URL; when set it wins over the REDIS_* parts. A Redis Cluster: "
+        "redis+cluster://host:port,host:port (the crawl path only; docs/design-redis-cluster.md)"
+        ".", url=True)
     redis_host: str = setting("REDIS_HOST", values.text, "localhost", "Redis host.")
     redis_port: int = setting("REDIS_PORT", values.port, "6379", "Redis port.")
     redis_db: int = setting("REDIS_DB", values.non_negative_int, "0", "Redis database number.")

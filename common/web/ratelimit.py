@@ -128,9 +128,8 @@ if ARGV[11] ~= '0' or redis.call('EXISTS', KEYS[5]) == 1 then
 """ + FUNCTIONS_LUA + """
   state, blocked_until, rate = throttle_admit(KEYS[5], KEYS[6], now, ARGV, 8)
 end
--- A slowed domain: besides the configured window, one request per spacing / rate (the gate),
--- no bursts. Slots are still booked at the configured spacing (at the slowed one, they would
--- keep its pace after the rate is back); who finds the window full books the next: no stampede.
+-- A slowed domain: one request per spacing / rate besides the window (the gate), no bursts;
+-- slots still booked at the configured spacing (the rate is back at once), no stampede.
 local gate = 0
 if rate < 1 then gate = math.ceil(spacing / rate) end
 local keep = math.max(span, gate)
@@ -144,21 +143,19 @@ if blocked_until > now then  -- a blocked domain: slots from the block's end on,
   return {false, 0, slot - now, '', slot, state, jobv}
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - keep)
--- The window is (now - span, now]: a place frees at exactly a permit's time + span.
-local count = redis.call('ZCARD', KEYS[2])
+local count = redis.call('ZCARD', KEYS[2])  -- the window: (now - span, now]
 local in_span = count
 if keep > span then in_span = redis.call('ZCOUNT', KEYS[2], '(' .. (now - span), '+inf') end
 local free_at = 0
 if in_span >= amount then
   local entry = redis.call('ZRANGE', KEYS[2], count - amount, count - amount, 'WITHSCORES')
-  free_at = tonumber(entry[2]) + span
+  free_at = tonumber(entry[2]) + span  -- exactly: a millisecond more is 30 ms a 30 s crawl
 end
 if gate > 0 and count > 0 then
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
   free_at = math.max(free_at, tonumber(last[2]) + gate)
 end
--- A page with no slot (booked = -1) queues behind the booked URLs, not in their places.
-local slot = 0
+local slot = 0  -- a page with no slot yet (booked = -1) queues behind the booked URLs
 if booked > now then free_at = math.max(free_at, booked) end  -- never before its slot
 if queued and free_at <= now then slot = tonumber(redis.call('GET', KEYS[3]) or '0') end
 if free_at <= now and slot <= now then
@@ -171,8 +168,7 @@ if free_at <= now and slot <= now then
   return {false, 1, 0, member, 0, state, jobv}
 end
 if booked > 0 and (rate >= 1 or booked > now) then
-  -- It keeps its place. (On a slowed domain, full by design, one whose slot is due books the
-  -- next: else every URL due would come back at the same free_at, again and again.)
+  -- It keeps its place (on a slowed domain, full by design, one due books the next one).
   return {false, 0, free_at - now, '', booked, state, jobv}
 end
 slot = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), free_at)
@@ -275,9 +271,9 @@ class RateLimiter:
         return rate
 
     def admit(self, domain: str, rate: Rate, cache_url: str | None = None,
-              done: DoneMark | None = None, booked_ms: int = 0,
-              max_wait_ms: int = -1, job: JobRun | None = None,
-              jar_key: str | None = None, queue: bool = False) -> Admission:
+              done: DoneMark | None = None, booked_ms: int = 0, max_wait_ms: int = -1,
+              job: JobRun | None = None, jar_key: str | None = None,
+              queue: bool = False) -> Admission:
         """One round trip: already done, a cache hit, a permit now, or how long to wait for a
         booked slot. ``done`` is the URL's done mark, checked first;
         ``booked_ms`` the slot this URL was given when it was parked (it keeps its place,
@@ -290,8 +286,7 @@ class RateLimiter:
         span_ms = rate.window_ms + math.ceil(rate.window_ms * self.guard)
         spacing_ms = math.ceil(span_ms / rate.amount)
         keys = admit_keys(domain, cache_url, done, job, jar_key)
-        args = [rate.amount, span_ms, spacing_ms, 1 if cache_url else 0,
-                done.member if done else 0,
+        args = [rate.amount, span_ms, spacing_ms, 1 if cache_url else 0, done.member if done else 0,
                 int(booked_ms) if booked_ms or not queue else -1, int(max_wait_ms),
                 *self.throttle.admit_args(domain), *([job.run] if job is not None else [])]
         reply = self._admit(keys=keys, args=args)

@@ -108,7 +108,7 @@ def figure_phase(figure: str) -> str:
                 ("seen-set", "seen"), ("priority", "priority"), ("politeness", "politeness"),
                 ("files sink", "sinks"), ("PostgreSQL sink", "sinks"), ("machine", "machine"),
                 ("rules", "extract"), ("WARC", "extract"), ("extracted", "extract"),
-                ("INFO", "extract"), ("scaling", "scaling"))
+                ("INFO", "extract"), ("handlers", "extract"), ("scaling", "scaling"))
     for prefix, phase in prefixes:
         if figure.startswith(prefix):
             return phase

@@ -48,6 +48,7 @@ WAITING=(
     tests/test_media_cost.py
     tests/sink/test_assets_sinks.py
     tests/test_adaptive_politeness.py
+    tests/test_redis_cluster_fleet.py
 )
 
 split=1

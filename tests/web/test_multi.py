@@ -19,6 +19,7 @@ import redis
 from common.core.config import Settings
 from common.core.errors import FetchError
 from common.web import multi
+from common.web.curl import perform_once
 from common.web.fetch import Fetcher
 from common.web.multi import FetchLoop
 from common.work.loop_redis import loop_client_options
@@ -221,3 +222,31 @@ def test_a_task_waiting_for_a_redis_reply_inside_yielding_lets_the_loop_run_othe
     assert _order_around_a_slow_script(loop, client, yields=False) == ["script", "other"]
     client.close()
 
+
+
+def test_the_send_time_of_a_transfer_a_busy_loop_drives_late_is_never_before_the_real_send(
+        loop, site):
+    # libcurl's clock starts when the loop first drives the transfer: here 0.3 s after the
+    # task handed it over, while another task holds the loop. The permit is re-timed to the
+    # send time this returns (NOTES #11), so it must not be earlier than the site's arrival.
+    curl = pycurl.Curl()
+    curl.setopt(pycurl.WRITEFUNCTION, lambda _chunk: None)
+    sent: list[float | None] = []
+    site.clear_log()
+
+    def fetch() -> None:
+        error, sent_at = perform_once(curl, site.page_url(1), 5000, 2.0)
+        assert error is None
+        sent.append(sent_at)
+
+    def hold_the_loop() -> None:
+        time.sleep(0.3)  # blocks the loop's thread: no multi.sleep
+
+    loop.spawn(fetch)
+    loop.spawn(hold_the_loop)
+    _run_all(loop)
+    curl.close()
+
+    arrived = site.requests_for("/page/")[0].wall_time_s
+    assert sent[0] is not None
+    assert sent[0] >= arrived - 0.005, f"recorded {arrived - sent[0]:.3f}s before the arrival"

@@ -48,17 +48,31 @@ from common.web.netguard import AddressGuard
 
 if TYPE_CHECKING:
     from playwright.sync_api import Playwright, Request, Route, WebSocketRoute
-try:  # in the dev lock, not yet the runtime image: no render worker ships it (NOTES #73)
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    from playwright.sync_api import sync_playwright
-except ImportError:  # the module imports; making a Browser says what is missing
-    sync_playwright = None
+# Playwright is imported by the first browser, not with this module: a plain HTTP worker imports
+# it (through the processor's Renderer) and would carry its ~20 MB for nothing (NOTES #81).
+sync_playwright: Any = None
 
-    class PlaywrightError(Exception):  # type: ignore[no-redef]
-        """Stands in for Playwright's error where Playwright is not installed (never raised)."""
 
-    PlaywrightTimeout = PlaywrightError  # type: ignore[misc]
+class PlaywrightError(Exception):  # replaced by Playwright's own by _load_playwright()
+    """Stands in for Playwright's error until a browser is made (never raised)."""
+
+
+PlaywrightTimeout: type[Exception] = PlaywrightError
+
+
+def _load_playwright() -> None:
+    """Playwright's entry point and errors, imported once; nothing when it is not installed
+    (the render extra: :func:`_driver` then says what is missing)."""
+    global sync_playwright, PlaywrightError, PlaywrightTimeout  # noqa: PLW0603
+    if sync_playwright is not None:
+        return
+    try:
+        from playwright.sync_api import Error, TimeoutError
+        from playwright.sync_api import sync_playwright as start
+    except ImportError:  # the render extra is not installed: _driver() says so
+        return
+    PlaywrightError, PlaywrightTimeout, sync_playwright = Error, TimeoutError, start
+
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +98,7 @@ _launching = threading.Lock()
 
 
 def _driver() -> Playwright:
+    _load_playwright()
     if sync_playwright is None:
         raise ConfigError("rendering needs Playwright: pip install playwright")
     if getattr(_drivers, "users", 0) == 0:

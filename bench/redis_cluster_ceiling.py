@@ -26,42 +26,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.redis_ceiling import DOMAINS, _payloads, ceiling, per_page_commands  # noqa: E402
-from common.core.config import Settings, load_settings  # noqa: E402
-from common.store.connection import connect_redis  # noqa: E402
-from common.store.dedupe import DoneSet  # noqa: E402
-from common.store.marks import Retime  # noqa: E402
-from common.store.results import ResultStore  # noqa: E402
-from common.web.ratelimit import RateLimiter  # noqa: E402
+from bench.redis_ceiling import (  # noqa: E402
+    _client_loop,
+    _payloads,
+    ceiling,
+    per_page_commands,
+)
 from devtools.services import LocalRedis  # noqa: E402
 from devtools.services.redis_cluster import RedisClusterGroup  # noqa: E402
-
-
-def _env(redis_url: str, min_replicas: int) -> dict[str, str]:
-    return {"REDIS_URL": redis_url, "RATE_LIMIT": "1000000/second", "DEFER_LEAD_S": "0",
-            "FETCH_ALLOW_NETWORKS": "127.0.0.0/8", "LOG_LEVEL": "WARNING",
-            "REDIS_MIN_REPLICAS": str(min_replicas)}
-
-
-def _client_loop(redis_url: str, min_replicas: int, index: int, seconds: float,
-                 payloads: list, start: Any, counts: Any) -> None:
-    """One client process: admit then record, one page after the other, for ``seconds``."""
-    settings: Settings = load_settings(_env(redis_url, min_replicas))
-    client = connect_redis(settings)
-    limiter, store = RateLimiter(client, settings), ResultStore(client, 100_000)
-    done = DoneSet(client, settings.seen_buckets)
-    start.wait()
-    deadline, n = time.monotonic() + seconds, 0
-    while time.monotonic() < deadline:
-        record, cached = payloads[n % len(payloads)]
-        domain = f"d{n % DOMAINS}.c{index}.test"
-        url = f"http://{domain}/p/{n}.html"
-        mark = done.mark_for(url)
-        admission = limiter.admit(domain, limiter.rate_for(domain), cache_url=url, done=mark)
-        store.record({**record, "url": url}, cache=(cached, 60), counters={"cache_misses": 1},
-                     done=mark, retime=Retime(admission.permit, time.time()))
-        n += 1
-    counts[index] = n
 
 
 def cluster_ceiling(cluster: RedisClusterGroup, payloads: list, clients: int, seconds: float,

@@ -118,6 +118,14 @@ def wait_workers_ok(procs: list[subprocess.Popen], timeout_s: float) -> None:
         assert proc.returncode == 0, output_of(proc)[-3000:]
 
 
+def stop_workers(procs: list[subprocess.Popen], timeout_s: float = 60) -> str:
+    """SIGTERM each worker process, :func:`wait_workers_ok` (each exits 0), and their output."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    wait_workers_ok(procs, timeout_s)
+    return "".join(output_of(proc) for proc in procs)
+
+
 def output_of(proc: subprocess.Popen) -> str:
     """What a process from :func:`start_worker_process` printed so far."""
     log = proc.log_file  # type: ignore[attr-defined]

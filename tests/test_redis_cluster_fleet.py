@@ -44,6 +44,7 @@ from tests.helpers import (
     own_channel,
     queue_depth,
     start_worker_process,
+    stop_workers,
     wait_for,
 )
 from tests.sink.parts import lines
@@ -181,11 +182,7 @@ def test_a_killed_cluster_primary_is_replaced_by_its_replica_and_every_url_has_o
         finished_at = time.time()
         time.sleep(1.0)  # a second result for some URL would show up now
         cpu_after = cluster.cpu_s()
-        for worker in workers:
-            worker.send_signal(signal.SIGTERM)
-        for worker in workers:
-            assert worker.wait(timeout=60) == 0, output_of(worker)[-3000:]
-        logs = "".join(output_of(worker) for worker in workers)
+        logs = stop_workers(workers)
     finally:
         for worker in workers:
             if worker.poll() is None:

@@ -12,7 +12,6 @@ none twice; the seen-set survived, so the same URLs seeded again are all duplica
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from tests.helpers import (
     queue_depth,
     results,
     start_worker_process,
+    stop_workers,
     wait_for,
 )
 
@@ -122,11 +122,7 @@ def test_a_killed_redis_primary_is_followed_through_sentinel_and_no_result_is_lo
             _diagnosis(settings, client, sentinels, workers)
         finished_at = time.time()
         time.sleep(1.0)  # a second result for some URL would show up now
-        for worker in workers:
-            worker.send_signal(signal.SIGTERM)
-        for worker in workers:
-            assert worker.wait(timeout=60) == 0, output_of(worker)[-3000:]
-        logs = "".join(output_of(worker) for worker in workers)
+        logs = stop_workers(workers)
     finally:
         for worker in workers:
             if worker.poll() is None:

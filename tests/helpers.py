@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pika
 import pika.exceptions
@@ -261,8 +261,6 @@ def _drained(settings: Settings) -> bool:
 
 def require_tool(name: str, *extra_dirs: Path) -> str:
     """Path of a command-line tool; a failure under CI=true, a skip elsewhere."""
-    import pytest
-
     for directory in extra_dirs:
         candidate = directory / name
         if candidate.is_file() and os.access(candidate, os.X_OK):
@@ -270,7 +268,13 @@ def require_tool(name: str, *extra_dirs: Path) -> str:
     found = shutil.which(name)
     if found:
         return found
-    message = f"{name} not found: run scripts/bootstrap.sh"
+    unavailable(f"{name} not found: run scripts/bootstrap.sh")
+
+
+def unavailable(message: str) -> NoReturn:
+    """A service or tool a test needs is missing: a failure under CI=true, a skip elsewhere."""
+    import pytest
+
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(message, pytrace=False)
     pytest.skip(message)

@@ -45,6 +45,7 @@ from tests.helpers import (
     queue_depth,
     start_worker_process,
     stop_workers,
+    unavailable,
     wait_for,
 )
 from tests.sink.parts import lines
@@ -64,7 +65,7 @@ def cluster() -> Iterator[RedisClusterGroup]:
     try:
         group = RedisClusterGroup().start()
     except RuntimeError as exc:
-        pytest.skip(f"Redis Cluster unavailable: {exc}")
+        unavailable(f"Redis Cluster unavailable: {exc}")
     try:
         yield group
     finally:

@@ -33,7 +33,7 @@ def status_main(settings: Settings, argv: list[str] | None = None,
     mode.add_argument("--watch", action="store_true", help="live view on the terminal")
     parser.add_argument("--interval", type=float, default=2.0, help="--watch refresh seconds")
     args = parser.parse_args(argv)
-    client = connect_redis(settings, not_on_cluster="status")  # its counts: one MULTI
+    client = connect_redis(settings)  # a cluster: every part read (common/ops/status_counts.py)
     connection = connect_rabbitmq(settings)
     try:
         if args.watch:

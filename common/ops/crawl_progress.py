@@ -21,6 +21,10 @@ or ``--watch``, stores one). With none, the counters are read again SAMPLE_S lat
 SAMPLE_MAX_S while nothing finishes (none when nothing is left to do): a 2 s reading of a
 1 URL/s crawl often saw nothing. ETA = to do / rate; ``done`` when nothing is left,
 ``stalled`` when work is left and nothing finished over the whole span measured.
+
+On a Redis Cluster the two streams are split into one part per shard (common/store/slots.py):
+each part is read on its own and their figures merged; ``status:readings`` is one key (one
+slot) of sums.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 import redis
 
 from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, STATUS_READINGS
+from common.store.slots import parts
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +171,20 @@ def _sample(client: redis.Redis, first: Reading) -> Reading:
 
 
 def _window(client: redis.Redis, stream: str, since_ms: int) -> tuple[Window, int]:
-    """What ``stream`` holds since ``since_ms``, and its ``entries-added`` counter."""
+    """What ``stream`` holds since ``since_ms``, and its ``entries-added`` counter; on a
+    cluster, every part of it (common/store/slots.py) merged: the counts and counters summed,
+    the oldest entry of any part, whole when every part is."""
+    found = [_part_window(client, name, since_ms) for name in parts(stream)]
+    if len(found) == 1:
+        return found[0]
+    firsts = [window.first_ms for window, _added in found if window.first_ms is not None]
+    return (Window(sum(window.count for window, _added in found), min(firsts, default=None),
+                   all(window.complete for window, _added in found)),
+            sum(added for _window, added in found))
+
+
+def _part_window(client: redis.Redis, stream: str, since_ms: int) -> tuple[Window, int]:
+    """:func:`_window` of one stream or part."""
     try:
         info = client.xinfo_stream(stream)
     except redis.ResponseError:  # no such key: nothing recorded yet

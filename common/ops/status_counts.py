@@ -4,7 +4,9 @@ what is still to do (common/ops/crawl_progress.py splits them into done / failed
 - outcomes and results recorded are read in one MULTI: the done-set's size and the results
   stream's ``entries-added`` (every result is appended once, in the script that marks it done;
   a sink's trimming does not lower the counter), so a result recorded meanwhile is in both or
-  neither;
+  neither. On a Redis Cluster a MULTI stays in one slot: the done buckets and the stream's
+  parts (one per shard, common/store/slots.py) are read in one pipeline, not atomically (a
+  result recorded meanwhile may land in "other" for a moment), their figures summed;
 - each registered sink's count of results written is its consumer group's: ``entries-read``
   (delivered to the group) minus ``pending`` (delivered, not yet acknowledged). A sink
   acknowledges an entry only once it is durably written (common/sink/reader.py), so this is
@@ -34,6 +36,7 @@ from common.jobs import progress as job_progress
 from common.jobs.registry import JobRegistry
 from common.ops import dlq
 from common.store.keys import (
+    COUNTERS,
     DEFERRED,
     DEFERRED_INFLIGHT,
     DONE_PREFIX,
@@ -42,6 +45,7 @@ from common.store.keys import (
     proxy_rest_key,
     sink_group,
 )
+from common.store.slots import cluster, parts
 from common.web.proxies import read_stats
 
 #: The most dead letters browsed for the "now" count by reason; a larger queue's reasons are
@@ -51,38 +55,68 @@ DLQ_BROWSE_MAX = 500
 
 def outcomes_and_results(client: redis.Redis) -> tuple[int, dict[str, Any]]:
     """URLs in the done-set and the ``results`` part of the snapshot (results recorded, still
-    in the stream, written by each registered sink), read in one transaction."""
+    in the stream, written by each registered sink), read in one transaction (a pipeline on
+    a cluster, every part of the stream summed)."""
     buckets = list(client.scan_iter(match=f"{DONE_PREFIX}*", count=1000))
+    streams = parts(RESULTS_STREAM)
     try:
-        *sizes, names, info, groups = _read(client, buckets, transaction=True)
+        replies = _read(client, buckets, streams, transaction=not cluster())
     except redis.exceptions.OutOfMemoryError:
         # Over maxmemory Redis refuses to queue any command of a MULTI, reads too: read them
         # one after the other (a URL finishing in between lands in "other"), as status must
         # work exactly when the fleet is paused for memory.
-        *sizes, names, info, groups = _read(client, buckets, transaction=False)
-    if isinstance(info, redis.ResponseError):  # no stream yet: nothing recorded
-        info, groups = {"entries-added": 0, "length": 0}, []
-    recorded = int(info["entries-added"])
-    by_group = {_text(g["name"]): g for g in groups}
+        replies = _read(client, buckets, streams, transaction=False)
+    sizes, names, per_stream = replies[:len(buckets)], replies[len(buckets)], \
+        replies[len(buckets) + 1:]
+    sinks = sorted(_text(n) for n in names)
+    recorded = in_stream = 0
+    written: dict[str, int] = {}
+    for info, groups in zip(per_stream[0::2], per_stream[1::2], strict=True):
+        if isinstance(info, redis.ResponseError):  # no stream (part) yet: nothing recorded
+            continue
+        recorded += int(info["entries-added"])
+        in_stream += int(info["length"])
+        by_group = {_text(g["name"]): g for g in groups}
+        for name in sinks:
+            group = by_group.get(sink_group(name))
+            read = None if group is None else group.get("entries-read")
+            if read is not None:
+                written[name] = written.get(name, 0) + max(0, int(read) - int(group["pending"]))
     by_sink: dict[str, dict[str, int | None]] = {}
-    for name in sorted(_text(n) for n in names):
-        group = by_group.get(sink_group(name))
-        read = None if group is None else group.get("entries-read")
-        written = None if read is None else max(0, int(read) - int(group["pending"]))
-        by_sink[name] = {"written": written,
-                         "waiting": None if written is None else max(0, recorded - written)}
-    return sum(sizes), {"recorded": recorded, "in_stream": int(info["length"]),
+    for name in sinks:
+        done = written.get(name)
+        by_sink[name] = {"written": done,
+                         "waiting": None if done is None else max(0, recorded - done)}
+    return sum(sizes), {"recorded": recorded, "in_stream": in_stream,
                         "source": "sinks" if by_sink else "stream", "sinks": by_sink}
 
 
-def _read(client: redis.Redis, buckets: list[Any], *, transaction: bool) -> list[Any]:
+def _read(client: redis.Redis, buckets: list[Any], streams: list[str], *,
+          transaction: bool) -> list[Any]:
     pipe = client.pipeline(transaction=transaction)
     for key in buckets:
         pipe.scard(key)
     pipe.smembers(SINKS)
-    pipe.xinfo_stream(RESULTS_STREAM)
-    pipe.xinfo_groups(RESULTS_STREAM)
+    for stream in streams:
+        pipe.xinfo_stream(stream)
+        pipe.xinfo_groups(stream)
     return pipe.execute(raise_on_error=False)
+
+
+def counters(client: redis.Redis) -> dict[str, int]:
+    """``stats:counters`` with, on a cluster, every shard's part summed in (the record and
+    expire scripts write their shard's part; plain HINCRBYs the hash itself): one HGETALL
+    outside cluster mode, one pipeline on a cluster."""
+    if not cluster():
+        return {_text(k): int(v) for k, v in client.hgetall(COUNTERS).items()}
+    pipe = client.pipeline(transaction=False)
+    for name in [COUNTERS, *parts(COUNTERS)]:
+        pipe.hgetall(name)
+    total: dict[str, int] = {}
+    for found in pipe.execute():
+        for key, value in found.items():
+            total[_text(key)] = total.get(_text(key), 0) + int(value)
+    return total
 
 
 def dead_letters(connection: pika.BlockingConnection, counters: dict[str, int],

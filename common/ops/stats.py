@@ -30,7 +30,7 @@ from common.ops import crawl_progress, status_counts
 from common.ops.status_view import fitted_size, render, render_rich, worker_state
 from common.store.backlog import read_fill
 from common.store.dedupe import SeenSet
-from common.store.keys import COUNTERS, RESULTS_STREAM
+from common.store.keys import RESULTS_STREAM
 from common.store.workers import alive_workers
 from common.web.ratelimit import RateLimiter
 from common.work.pressure import BACKLOG, MEMORY
@@ -120,7 +120,7 @@ def collect(settings: Settings, connection: pika.BlockingConnection, client: red
         }
     channel.close()
 
-    counters = {k.decode(): int(v) for k, v in client.hgetall(COUNTERS).items()}
+    counters = status_counts.counters(client)  # on a Redis Cluster: its parts, summed
     hits, misses = counters.get("cache_hits", 0), counters.get("cache_misses", 0)
     workers = alive_workers(client)
     for worker in workers:
@@ -203,6 +203,8 @@ def _domain_rates(settings: Settings, client: redis.Redis, now_ms: int) -> list[
         if name.endswith(":next"):
             continue
         domain = name.split(":", 1)[1]
+        if domain.startswith("{"):  # a Redis Cluster's shard tag (common/store/slots.py)
+            domain = domain.split(":", 1)[1]
         rate = limiter.rate_for(domain)
         used = client.zcount(name, now_ms - rate.window_ms, "+inf")
         rows.append({"domain": domain, "requests_in_window": used, "limit": rate.amount,

@@ -48,21 +48,19 @@ from common.web.netguard import AddressGuard
 
 if TYPE_CHECKING:
     from playwright.sync_api import Playwright, Request, Route, WebSocketRoute
-# Playwright is imported by the first browser, not with this module: a plain HTTP worker imports
-# it (through the processor's Renderer) and would carry its ~20 MB for nothing (NOTES #81).
+# Playwright is imported by the first browser: a plain HTTP worker imports this module (NOTES #81).
 sync_playwright: Any = None
 
 
-class PlaywrightError(Exception):  # replaced by Playwright's own by _load_playwright()
-    """Stands in for Playwright's error until a browser is made (never raised)."""
+class PlaywrightError(Exception):  # never raised: Playwright's own once a browser is made
+    pass
 
 
 PlaywrightTimeout: type[Exception] = PlaywrightError
 
 
 def _load_playwright() -> None:
-    """Playwright's entry point and errors, imported once; nothing when it is not installed
-    (the render extra: :func:`_driver` then says what is missing)."""
+    """Playwright's entry point and errors, imported once (not installed: :func:`_driver`)."""
     global sync_playwright, PlaywrightError, PlaywrightTimeout  # noqa: PLW0603
     if sync_playwright is not None:
         return

@@ -92,6 +92,8 @@ def test_status_on_a_cluster_counts_every_shard_s_results_once(services, cluster
             progress["state"]) == (len(urls), 0, 0, len(urls), "done"), progress
     assert progress["pages_per_s"] > 0, "the rate reads every part's entries"
     assert snapshot["dead_letters"]["now"] == 0
+    counted = snapshot["counters"]  # stats:counters' shard parts, summed
+    assert counted.get("cache_misses", 0) + counted.get("cache_hits", 0) == len(urls), counted
 
     text = run_cli("stats.py", env=cluster.env)
     assert text.returncode == 0, text.stderr[-3000:]

@@ -142,7 +142,7 @@ class RedisClusterGroup(Managed):
             try:
                 ranges = client.execute_command("CLUSTER SLOTS")
             except redis.exceptions.RedisError:
-                continue
+                continue  # a node being killed or failed over: ask the next one
             finally:
                 client.close()
             # redis-py parses CLUSTER SLOTS into {(first, last): {"primary": (host, port)...}}

@@ -74,12 +74,17 @@ def redact_url(url: str) -> str:
     head, user, password, rest = _split(url)
     if not head:  # not scheme://...: a bare password or a typo, nothing safe to show
         return UNPARSABLE
-    host = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    hosts = re.split(r"[/?#]", rest, maxsplit=1)[0]
     try:
-        urlsplit(url).port  # noqa: B018 - raises ValueError on a host or port that is not one
+        if "," not in hosts:
+            urlsplit(url).port  # noqa: B018 - raises ValueError on a host or port that is not one
+        elif urlsplit(url).netloc.rpartition("@")[2] != hosts:
+            return head + UNPARSABLE  # a Redis Cluster's hosts, moved by a '#' or '/' before them
+        for host in hosts.split(","):
+            urlsplit(f"//{host}").port  # noqa: B018 - as above, each of a cluster's hosts
+            if not _HOST_PORT.fullmatch(host):
+                return head + UNPARSABLE
     except ValueError:
-        return head + UNPARSABLE
-    if not _HOST_PORT.fullmatch(host):
         return head + UNPARSABLE
     userinfo = "" if user is None else (f"{user}:{MASK}@" if password is not None else f"{user}@")
     before, hash_sign, fragment = rest.partition("#")

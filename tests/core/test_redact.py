@@ -24,6 +24,8 @@ SECRET = "S3cr3t-XYZ"
     ("amqp://fleet@mq:5672/%2F", "amqp://fleet@mq:5672/%2F"),  # no password: nothing to hide
     ("redis://cache:6379/0", "redis://cache:6379/0"),
     ("http://127.0.0.1:15672", "http://127.0.0.1:15672"),
+    ("redis+cluster://app:S3cr3t-XYZ@127.0.0.1:7000,127.0.0.1:7001/0",  # a cluster's nodes
+     "redis+cluster://app:***@127.0.0.1:7000,127.0.0.1:7001/0"),
 ])
 def test_the_password_is_replaced_and_the_rest_is_shown(url, shown):
     assert redact_url(url) == shown
@@ -36,6 +38,8 @@ def test_the_password_is_replaced_and_the_rest_is_shown(url, shown):
     ("S3cr3t-XYZ", "<unparsable>"),  # a password pasted as the URL
     ("fleet:S3cr3t-XYZ@mq:5672", "<unparsable>"),  # no scheme://
     ("amqp//fleet:S3cr3t-XYZ@mq/", "<unparsable>"),
+    ("redis+cluster://app:S3cr3t#XYZ@h1:7000,h2:7001", "redis+cluster://<unparsable>"),
+    ("redis+cluster://h1:7000,h2:99999", "redis+cluster://<unparsable>"),
 ])
 def test_unparsable_input_is_not_echoed(url, shown):
     assert redact_url(url) == shown

@@ -12,6 +12,7 @@ Every test that uses ``services`` (directly or through ``settings``) or ``postgr
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 import pika
 import pytest
 import redis
+from _pytest import logging as pytest_logging
 
 from common.core.config import Settings, load_settings
 from devtools.services import (
@@ -38,6 +40,21 @@ from devtools.testsite import TestSite
 from tests.helpers import REPO_ROOT, TEST_ENV, own_channel
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
+
+# pytest's log capture (catching_logs.__enter__, every test's setup, call and teardown) walks
+# logging's logger registry without logging's lock, while the services booting in background
+# threads (below) import modules that register loggers: "dictionary changed size during
+# iteration", twice in fresh-clone runs, in tests/store/test_sentinel.py (NOTES #49). Entered
+# under the lock, the walk and a registration take turns.
+_catching_logs_enter = pytest_logging.catching_logs.__enter__
+
+
+def _enter_catching_logs_locked(self: Any) -> Any:
+    with logging._lock:  # an RLock: the original's addHandler and setLevel take it again
+        return _catching_logs_enter(self)
+
+
+pytest_logging.catching_logs.__enter__ = _enter_catching_logs_locked  # type: ignore[method-assign]
 
 
 

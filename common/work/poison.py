@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 STUCK_EXIT_CODE = 75
 #: Stages the stuck watch may end: the ones that run without yielding to the fetch loop.
 WATCHED_STAGES = frozenset({"parse", "extract"})
+#: Stages that cannot be what killed a worker: waiting for the domain's rate-limit turn in
+#: the fetch loop (steps/admit.py). A tracked delivery that died there is not counted again.
+WAITING_STAGES = frozenset({"turn"})
 _DETAIL_MAX_CHARS = 200
 
 
@@ -91,7 +94,8 @@ class PoisonGuard:
         """The progress of a delivery of ``url``, and a verdict when it is poison.
 
         A first delivery is not looked up. A redelivery counts one death in Redis (one
-        round trip) and is tracked from then on.
+        round trip) and is tracked from then on; a tracked one that died waiting for its
+        turn (:data:`WAITING_STAGES`) is not counted (a second round trip).
         """
         if not redelivered:
             return Progress(url), None
@@ -101,6 +105,8 @@ class PoisonGuard:
         pipe.hmget(key, "stage", "detail")
         pipe.expire(key, self.ttl_s)
         deaths, (stage, detail), _ = pipe.execute()
+        if _text(stage) in WAITING_STAGES:  # it died with its worker, not of its page
+            deaths = self.client.hincrby(key, "deaths", -1)
         progress = Progress(url, self.client)
         if int(deaths) < self.max_deliveries:
             return progress, None

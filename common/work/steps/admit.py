@@ -122,7 +122,9 @@ class Admit:
                 break
             # Its turn is near: waited for here, to the millisecond, keeping its slot.
             waited, booked_ms = True, admission.slot_ms
+            trip.progress.enter("turn")  # a worker dying meanwhile is no fault of this URL
             multi.sleep(admission.wait_ms / 1000)
+            trip.progress.enter("admit")
         if admission.job_verdict:
             return _job_outcome(url, trip.job, admission.job_verdict)
         metrics.show_throttle(domain, admission.throttle)

@@ -54,3 +54,24 @@ def test_a_poison_url_whose_outcome_is_recorded_is_already_done_and_forgiven(
     outcome = give_up.settle(trip, step.count_arrival(trip))
     assert outcome.kind == "already_done"
     assert not redis_client.exists(poison_key(trip.url))
+
+
+def test_a_url_whose_worker_dies_while_it_waits_for_its_turn_is_never_poison(
+        settings, redis_client):
+    # A neighbour waiting for its rate-limit turn in the fetch loop when a hanging page kills
+    # the worker again and again (tests/test_poison.py) is not what killed it.
+    step, watch = _step(settings, redis_client)
+    url = "http://127.0.0.1:9/waiting"
+    for _ in range(settings.poison_deliveries + 2):
+        trip = _trip(url, redelivered=True)
+        assert step.count_arrival(trip) is None
+        trip.progress.enter("turn")  # the worker dies here
+        watch.discard(trip.progress)
+    assert int(redis_client.hget(poison_key(url), "deaths")) == 1  # its first, untracked death
+
+    trip = _trip(url, redelivered=True)
+    step.count_arrival(trip)
+    trip.progress.enter("fetch")  # dying while fetching counts again
+    watch.discard(trip.progress)
+    step.count_arrival(_trip(url, redelivered=True))
+    assert int(redis_client.hget(poison_key(url), "deaths")) == 2

@@ -43,9 +43,9 @@ from tests.helpers import (
     output_of,
     own_channel,
     queue_depth,
+    redis_cluster_group,
     start_worker_process,
     stop_workers,
-    unavailable,
     wait_for,
 )
 from tests.sink.parts import lines
@@ -61,16 +61,9 @@ PENDING_QUEUES = (*topology.WORK_QUEUES, *(topology.hold_name(level)
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RedisClusterGroup]:
-    """3 primaries and 3 replicas on loopback for this module (about 8 s to start)."""
-    try:
-        group = RedisClusterGroup().start()
-    except RuntimeError as exc:
-        unavailable(f"Redis Cluster unavailable: {exc}")
-    try:
+    """3 primaries and 3 replicas on loopback for this module."""
+    with redis_cluster_group() as group:
         yield group
-    finally:
-        group.stop()
-        slots.set_cluster(False)  # the rest of the session's clients are single-node ones
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from common.store.keys import RESULTS_STREAM
 from devtools.services import reset_state
 from devtools.services.redis_cluster import RedisClusterGroup
 from devtools.testsite import TestSite, start_sites
-from tests.helpers import TEST_ENV, output_of, start_worker_process, wait_for
+from tests.helpers import TEST_ENV, output_of, redis_cluster_group, start_worker_process, wait_for
 
 #: 127.0.0.7 .. 127.0.0.10: their domain shards are on more than one primary.
 SITES, PAGES, FIRST_HOST = 4, 10, "127.0.0.7"
@@ -32,13 +32,9 @@ SITES, PAGES, FIRST_HOST = 4, 10, "127.0.0.7"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RedisClusterGroup]:
-    """3 primaries and 3 replicas on loopback for this module (about 8 s to start)."""
-    group = RedisClusterGroup().start()
-    try:
+    """3 primaries and 3 replicas on loopback for this module."""
+    with redis_cluster_group() as group:
         yield group
-    finally:
-        group.stop()
-        slots.set_cluster(False)  # the rest of the session's clients are single-node ones
 
 
 @pytest.fixture

@@ -134,21 +134,22 @@ class Metadata:
         return base
 
 
-def language(lang: str | None, xml_lang: str | None, meta_language: str | None) -> str | None:
-    """The page's language: the root's ``lang``, ``xml:lang``, then the ``<meta>``'s."""
+def language(lang: str | None, xml_lang: str | None) -> str | None:
+    """The root's language, ``lang`` then ``xml:lang`` (:func:`assemble` falls back on the
+    ``<meta>``'s)."""
     # The spec reads lang="" as "unknown", but CMS templates emit it by accident, so an
     # empty value falls through to the <meta> like a missing one.
     for value in (lang, xml_lang):
         if value and value.strip():
             return value.strip()
-    return meta_language
+    return None
 
 
 def assemble(meta: Metadata, base: links.Base, hrefs: list[str], text: str,
              root_language: str | None, encoding: str, cut: str | None,
              max_links: int) -> Page:
     """The page from what a parser read: ``text`` is the visible text nodes joined by spaces,
-    ``root_language`` the root's language attribute (already chosen by :func:`language`)."""
+    ``root_language`` the root's language (:func:`language`)."""
     found, links_truncated = links.extract_links(hrefs, base, max_links)
     text_length, content_hash = measure_text(text)
     href = meta.canonical_href

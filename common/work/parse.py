@@ -130,8 +130,8 @@ def parse_html(body: bytes, base_url: str, content_type: str | None = None,
     text = " ".join(_BODY_TEXT(root))
     if on_tree is not None:
         on_tree(root, base.url)
-    return assemble(meta, base, hrefs, text, language(root.get("lang"), root.get("xml:lang"),
-                                                      None), encoding, cut, max_links)
+    return assemble(meta, base, hrefs, text, language(root.get("lang"), root.get("xml:lang")),
+                    encoding, cut, max_links)
 
 
 def bound_body(body: bytes, max_tags: int) -> tuple[bytes, str | None]:

@@ -74,7 +74,7 @@ def read_page(utf8_body: bytes, base_url: str, encoding: str, cut: str | None,
     if on_tree is not None:
         on_tree(tree, base.url)
     return assemble(meta, base, hrefs, text,
-                    language(attrs.get("lang"), attrs.get("xml:lang"), None),
+                    language(attrs.get("lang"), attrs.get("xml:lang")),
                     encoding, cut, max_links)
 
 

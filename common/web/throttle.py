@@ -16,7 +16,8 @@ module lowers it while the site pushes back, for every worker at once:
 * **Rate (AIMD).** A timeout, or an answer slower than THROTTLE_SLOW_FACTOR × the domain's
   recent median (and than THROTTLE_SLOW_MIN_S), multiplies the domain's rate by
   THROTTLE_DECREASE (once per round: only answers to requests sent after the last cut cut
-  again); each healthy answer adds THROTTLE_INCREASE of the configured rate back, never above
+  again); each healthy answer (to a request sent after the last cut) adds THROTTLE_INCREASE of
+  the configured rate back, never above
   it, never below THROTTLE_RATE_FLOOR of it. The state expires by itself THROTTLE_FORGIVE_S
   after the last bad answer, so a recovered site gets its configured rate back even if nobody
   fetches from it meanwhile. The slowed rate gates the permits only: slots are still booked at
@@ -100,19 +101,22 @@ local function throttle_report(key, index, domain, now, c, kind, sent, retry_ms,
   redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
   return untl
 end
--- argv[i] domain, [i+1] config, [i+2] healthy answers since this worker's last admit,
--- [i+3] a slow answer's send time (ms, '0': none), [i+4] its reason.
+-- argv[i] domain, [i+1] config, [i+2] healthy answers since this worker's last admit ('0', or
+-- 'count oldest_send_ms'), [i+3] a slow answer's send time (ms, '0': none), [i+4] its reason.
 -- Returns the state for the reply (or false), the block end (ms, 0: none), the rate fraction.
 local function throttle_admit(key, index, now, argv, i)
   if argv[i + 3] ~= '0' then
     throttle_report(key, index, argv[i], now, throttle_config(argv[i + 1]), 'cut',
                     tonumber(argv[i + 3]), 0, 0, '', argv[i + 4])
   end
-  local s = redis.call('HMGET', key, 'rate', 'until', 'reason', 'status', 'since')
+  local s = redis.call('HMGET', key, 'rate', 'until', 'reason', 'status', 'since', 'cut_at')
   if not s[1] then return false, 0, 1 end
   local rate, untl = tonumber(s[1]), tonumber(s[2])
-  local ok = tonumber(argv[i + 2])
-  if ok > 0 and rate < 1 then
+  local ok, ok_sent = string.match(argv[i + 2], '^(%d+) ?(%d*)$')
+  ok, ok_sent = tonumber(ok) or 0, tonumber(ok_sent) or 0
+  -- Answers to requests sent before the last cut do not undo it: as a timeout sent before
+  -- it does not cut again, they were answered before the site slowed (one round each way).
+  if ok > 0 and rate < 1 and ok_sent >= (tonumber(s[6]) or 0) then
     rate = math.min(1, rate + ok * throttle_config(argv[i + 1])[7])
     redis.call('HSET', key, 'rate', rate)
   end
@@ -172,6 +176,7 @@ class _Seen:
 
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))
     healthy: int = 0
+    healthy_sent_ms: int = 0  # the oldest send time of those ``healthy`` answers
     slow: tuple[int, str] | None = None  # (send time ms, why)
 
 
@@ -197,10 +202,12 @@ class Throttle:
         about ``domain`` since its last admit there."""
         with self._lock:
             seen = self._domains.get(domain)
-            healthy, slow = (seen.healthy, seen.slow) if seen else (0, None)
-            if seen is not None:
-                seen.healthy, seen.slow = 0, None
-        return [domain, self.config, healthy, slow[0] if slow else 0, slow[1] if slow else ""]
+            if seen is None:
+                return [domain, self.config, 0, 0, ""]
+            healthy, slow = seen.healthy, seen.slow
+            seen.healthy, seen.slow = 0, None
+        return [domain, self.config, f"{healthy} {seen.healthy_sent_ms}" if healthy else 0,
+                slow[0] if slow else 0, slow[1] if slow else ""]
 
     def observe(self, domain: str, response: FetchResult) -> None:
         """Note an answer (no Redis call): healthy, or slow against the domain's median.
@@ -218,12 +225,14 @@ class Throttle:
                 self._domains.move_to_end(domain)
             median = statistics.median(seen.samples) if len(seen.samples) >= MIN_SAMPLES else None
             seen.samples.append(elapsed)
+            sent_ms = int((response.sent_at or time.time() - elapsed / 1000) * 1000)
             if median is not None and elapsed > max(self.slow_factor * median, self.slow_min_ms):
-                sent_ms = int((response.sent_at or time.time() - elapsed / 1000) * 1000)
                 seen.slow = (sent_ms, f"slow: {elapsed / 1000:.2f} s, median {median / 1000:.2f} s")
                 logger.info("throttle %s: %s %s (worker %s)", domain, seen.slow[1], response.url,
                             self.worker_id)
             else:
+                if not seen.healthy or sent_ms < seen.healthy_sent_ms:
+                    seen.healthy_sent_ms = sent_ms
                 seen.healthy += 1
 
     def report(self, pipe: redis.client.Pipeline, url: str, failure: Signal,

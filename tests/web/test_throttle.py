@@ -48,9 +48,9 @@ def _redis_ms(client: redis.Redis) -> int:
     return seconds * 1000 + micros // 1000
 
 
-def _answer(elapsed_ms: float, status: int = 200) -> FetchResult:
+def _answer(elapsed_ms: float, status: int = 200, sent_at: float | None = None) -> FetchResult:
     return FetchResult(URL, URL, status, "text/html", b"<html></html>", elapsed_ms,
-                       sent_at=time.time())
+                       sent_at=time.time() if sent_at is None else sent_at)
 
 
 HTTP_429 = Failure("http_429", status=429)
@@ -184,6 +184,18 @@ def test_a_timeout_halves_the_rate_once_per_round_and_healthy_answers_raise_it_b
     limiter.throttle.observe(DOMAIN, _answer(20))
     recovered = limiter.admit(DOMAIN, TEN_PER_S)
     assert recovered.throttle.rate == 1.0 and not recovered.throttle.active  # never above
+
+
+def test_healthy_answers_to_requests_sent_before_the_cut_do_not_raise_the_rate_back(
+        settings, redis_client):
+    limiter = _limiter(settings, redis_client, throttle_increase=0.25)
+    before_cut = time.time() - 1
+    _report(limiter, redis_client, TIMEOUT)
+    for _answered in range(3):  # sent before the site slowed, answered after the cut
+        limiter.throttle.observe(DOMAIN, _answer(20, sent_at=before_cut))
+    assert limiter.admit(DOMAIN, TEN_PER_S).throttle.rate == 0.5
+    limiter.throttle.observe(DOMAIN, _answer(20))  # one sent after it counts
+    assert limiter.admit(DOMAIN, TEN_PER_S).throttle.rate == 0.75
 
 
 def test_a_domain_whose_rate_comes_back_still_gets_no_more_than_its_limit_in_any_window(

@@ -19,7 +19,6 @@ HASH_DIGEST_BYTES = 16
 EMPTY_TEXT_HASH = hashlib.blake2b(b"", digest_size=HASH_DIGEST_BYTES).hexdigest()
 
 _ASCII_WS_BYTES = b" \t\n\r\f"
-_UTF8_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
 # Maps ASCII whitespace to 0 and every other byte to 1 (see measure_text).
 _SHAPE_TABLE = bytes(0 if byte in _ASCII_WS_BYTES else 1 for byte in range(256))
 
@@ -82,12 +81,15 @@ def measure_text(text: str) -> tuple[int, str]:
     ASCII whitespace removed, so whitespace-only edits (re-indenting, minifying) keep it.
     """
     data = text.encode("utf-8", "surrogatepass")
-    # One byte per character, 0 for whitespace and 1 for anything else (UTF-8 continuation
-    # bytes dropped so a multi-byte character counts once): its 1s are the non-space
-    # characters, and each 0 followed by a 1 starts a word (as does a 1 at the start).
-    shape = data.translate(_SHAPE_TABLE, _UTF8_CONTINUATION_BYTES)
-    words = shape.count(b"\x00\x01") + (shape[:1] == b"\x01")
-    length = len(shape) - shape.count(0) + max(words - 1, 0)
+    # One byte per UTF-8 byte, 0 for whitespace and 1 for anything else, read as one integer
+    # (byte i at bit 8i): its set bits are the non-space bytes, and a set bit whose byte
+    # before is 0 starts a word (as does one at the start). A multi-byte character's
+    # continuation bytes are 1s inside a word; they are the bytes the text has more than
+    # characters, so they are taken off the count. Big-integer bit counts run in C over
+    # machine words: half the time of counting bytes and byte pairs (NOTES #81).
+    shape = int.from_bytes(data.translate(_SHAPE_TABLE), "little")
+    words = (shape & (shape ^ (shape << 8))).bit_count()
+    length = shape.bit_count() - (len(data) - len(text)) + max(words - 1, 0)
     digest = hashlib.blake2b(data.translate(None, _ASCII_WS_BYTES), digest_size=HASH_DIGEST_BYTES)
     return length, digest.hexdigest()
 

@@ -3,6 +3,7 @@ decoding and HTML sniffing are in test_charset.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -465,17 +466,21 @@ def test_text_adjacent_to_removed_script_keeps_its_tail() -> None:
     assert page.text_length == len("before after")
 
 
-def test_text_length_matches_the_collapsed_text_on_random_node_lists() -> None:
+def test_text_length_and_hash_match_the_collapsed_text_on_random_node_lists() -> None:
     # The length is counted without building the collapsed string (page.measure_text);
     # check it against building it, on seeded random runs of ASCII whitespace and
-    # multi-byte characters.
+    # characters of one to four UTF-8 bytes (and a lone surrogate, as lxml can hand over).
     rng = random.Random(20261122)
-    alphabet = [" ", "\t", "\n", "\r", "\f", "  ", "a", "bc", "é", "中", "\u00a0"]
+    alphabet = [" ", "\t", "\n", "\r", "\f", "  ", "a", "bc", "é", "中", "\u00a0", "\U0001f600",
+                "\ud800", "\x0b", "\u3000"]
     for _ in range(5000):
         nodes = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
                  for _ in range(rng.randint(0, 6))]
-        collapsed = re.sub(r"[ \t\n\r\f]+", " ", " ".join(nodes)).strip(" ")
-        assert measure_text(" ".join(nodes))[0] == len(collapsed), nodes
+        text = " ".join(nodes)
+        collapsed = re.sub(r"[ \t\n\r\f]+", " ", text).strip(" ")
+        squeezed = re.sub(r"[ \t\n\r\f]+", "", text).encode("utf-8", "surrogatepass")
+        digest = hashlib.blake2b(squeezed, digest_size=HASH_DIGEST_BYTES).hexdigest()
+        assert measure_text(text) == (len(collapsed), digest), nodes
 
 
 def test_parse_tree_gives_the_very_tree_and_base_that_parse_html_hands_to_its_hook():

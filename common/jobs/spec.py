@@ -52,8 +52,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from common.core.config import KNOBS, Settings
 from common.core.redact import redact_url
 from common.jobs.spec_fields import (
@@ -168,6 +166,8 @@ def load_job_file(path: str) -> JobSpec:
         BadJob: the file cannot be read, is not a mapping, or a field is wrong (named).
     """
     if path == "-":
+        import yaml  # local: only a job file is YAML (not a plain worker's concern)
+
         try:
             return parse_job(yaml.safe_load(sys.stdin), base_dir=os.getcwd())
         except yaml.YAMLError as exc:

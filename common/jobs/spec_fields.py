@@ -10,8 +10,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from common.core.config import KNOBS
 from common.core.errors import ConfigError, InvalidURL
 from common.core.urls import canonicalize
@@ -142,6 +140,8 @@ def _crawl(value: Any, knobs: dict[str, str]) -> None:
 
 def read_yaml(path: str, where: str) -> Any:
     """A YAML (or JSON) file's content. Raises BadJob naming ``where`` and the path."""
+    import yaml  # local: only a job file is YAML (not a plain worker's concern)
+
     try:
         with open(path, encoding="utf-8") as handle:
             return yaml.safe_load(handle)

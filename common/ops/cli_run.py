@@ -12,11 +12,11 @@ import os
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from common.core.config import Settings
 from common.core.errors import ConfigError
 from common.core.redact import scrub
-from common.media.processor import MediaProcessor
 from common.ops import cli
 from common.sink.plugins import DEFAULT_KIND, SinkClass, build, resolve
 from common.sink.reader import SinkReader, retire, run_sink
@@ -25,6 +25,9 @@ from common.web.renderer import Renderer
 from common.work.loop_redis import worker_client
 from common.work.processor import Processor
 from common.work.worker import Worker
+
+if TYPE_CHECKING:
+    from common.media.processor import MediaProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +73,14 @@ def work_main(settings: Settings, argv: list[str] | None = None, prog: str | Non
     settings = work_args(settings, argv, prog)
     renderer = _renderer(settings) if settings.render_worker else None  # ConfigError: exit 2
     redis_client = worker_client(settings)  # replies read through the fetch loop
-    processor: Processor | MediaProcessor = (  # MEDIA_STORE: ConfigError at start (exit 2)
-        MediaProcessor(settings, redis_client) if settings.media_worker
-        else Processor(settings, redis_client, renderer=renderer))
+    processor: Processor | MediaProcessor
+    if settings.media_worker:  # MEDIA_STORE: ConfigError at start (exit 2)
+        # Imported here: the media store's client (minio) is only a download worker's.
+        from common.media.processor import MediaProcessor
+
+        processor = MediaProcessor(settings, redis_client)
+    else:
+        processor = Processor(settings, redis_client, renderer=renderer)
     worker = Worker(settings, processor)
     worker.install_signal_handlers()
     return worker.run()

@@ -35,7 +35,6 @@ from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 
 import lxml.html
-import yaml
 from cssselect import SelectorError
 from lxml import etree
 from lxml.cssselect import CSSSelector
@@ -115,6 +114,7 @@ def parse_login(raw: str | Mapping[str, Any] | None, *, base_dir: str | None = N
                 raise ConfigError(f"login: cannot read {path}: "
                                   f"{getattr(exc, 'strerror', None) or exc}") from None
             base_dir = base_dir or str(path.parent)
+        import yaml  # local: only a login's text is YAML (not a plain worker's concern)
         try:
             raw = yaml.safe_load(text)  # JSON is YAML
         except yaml.YAMLError:

@@ -24,8 +24,10 @@ from __future__ import annotations
 import codecs
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from bs4.dammit import EncodingDetector
+if TYPE_CHECKING:
+    from bs4.dammit import EncodingDetector
 
 __all__ = ["decode_html", "decode_to_utf8", "is_html", "looks_binary"]
 
@@ -59,6 +61,9 @@ _TAG_TERMINATORS = frozenset(b" \t\n\r\f>")
 # absent because ISO-2022-JP uses it).
 _BINARY_BYTES = bytes([*range(0x00, 0x09), 0x0B, *range(0x0E, 0x1B), *range(0x1C, 0x20)])
 _HIGH_BYTES = bytes(range(0x80, 0x100))
+#: How every byte-order mark bs4 recognises starts (UTF-8, UTF-16 and UTF-32, both orders):
+#: a body starting otherwise has none, and bs4 is not needed to say so.
+_BOM_FIRST_BYTES = frozenset({b"\xef", b"\xfe", b"\xff", b"\x00"})
 _UTF16_32_BOMS = (b"\xfe\xff", b"\xff\xfe", b"\x00\x00\xfe\xff")
 
 _CHARSET_RE = re.compile(r"""charset\s*=\s*["']?\s*([^\s;"',]+)""", re.IGNORECASE)
@@ -173,7 +178,8 @@ def decode_html(body: bytes, content_type: str | None) -> tuple[str, str]:
 def decode_to_utf8(body: bytes, content_type: str | None) -> tuple[str, str, bytes]:
     """Return ``(text, codec, utf8_bytes)``; ``utf8_bytes`` is ``body`` itself when possible."""
     header_codec = _header_codec(content_type) if content_type else None
-    data, bom_encoding = EncodingDetector.strip_byte_order_mark(body)
+    data, bom_encoding = (_detector().strip_byte_order_mark(body)
+                          if body[:1] in _BOM_FIRST_BYTES else (body, None))
     if bom_encoding is not None:
         codec = codecs.lookup(bom_encoding).name
         text = _try_decode(data, codec)
@@ -191,7 +197,7 @@ def decode_to_utf8(body: bytes, content_type: str | None) -> tuple[str, str, byt
         if text is not None:
             return _result(body, text, header_codec)
 
-    declared = EncodingDetector.find_declared_encoding(
+    declared = _detector().find_declared_encoding(
         body[:META_PRESCAN_BYTES], is_html=True, search_entire_document=True
     )
     meta_codec = _codec_for_label(declared, from_meta=True) if declared else None
@@ -224,6 +230,15 @@ def decode_to_utf8(body: bytes, content_type: str | None) -> tuple[str, str, byt
         return _result(body, text, "cp1252")
     text = body.decode("utf-8", "replace")
     return text, "utf-8", text.encode("utf-8")
+
+
+def _detector() -> type[EncodingDetector]:
+    """bs4's detector, imported when a body first needs it (a BOM, no usable header charset):
+    bs4 and its charset-normalizer and soupsieve are ~30 ms and several MB a worker whose
+    pages say ``charset=utf-8`` never uses."""
+    from bs4.dammit import EncodingDetector
+
+    return EncodingDetector
 
 
 def _result(body: bytes, text: str, codec: str) -> tuple[str, str, bytes]:
@@ -268,7 +283,7 @@ def _detect(body: bytes, tried: set[str]) -> str | None:
         return None
     # Without BOM or <meta> left to find, bs4 yields the installed detector's guess
     # (cchardet, chardet or charset-normalizer) before its own utf-8/windows-1252 fallbacks.
-    for label in EncodingDetector(sample, is_html=True).encodings:
+    for label in _detector()(sample, is_html=True).encodings:
         codec = _codec_for_label(label, from_meta=False)
         if codec is None or codec in tried or codec == "utf-8":
             continue

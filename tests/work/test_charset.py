@@ -138,10 +138,21 @@ def test_utf8_header_with_clean_bytes_skips_the_meta_scan_and_detection(
     def must_not_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("slow path used for a clean UTF-8 page")
 
-    monkeypatch.setattr(charset.EncodingDetector, "find_declared_encoding", must_not_run)
-    monkeypatch.setattr(charset, "_detect", must_not_run)
+    # bs4's detector (the BOM check, the <meta> prescan and the guess) is not even imported.
+    monkeypatch.setattr(charset, "_detector", must_not_run)
 
     assert decode_html("<p>café</p>".encode(), UTF8) == ("<p>café</p>", "utf-8")
+
+
+def test_every_byte_order_mark_bs4_finds_starts_with_a_byte_the_bom_check_looks_for() -> None:
+    # Bodies not starting with one of those bytes skip bs4's BOM check: they must have no BOM.
+    detector = charset._detector()
+    tails = [bytes([a, b, c]) for a in b"\x00\xfe\xff\xef\xbb\xbfA" for b in b"\x00\xfe\xff\xbfA"
+             for c in b"\x00\xfe\xffA"]
+    starts = {first for first in range(256) for tail in tails
+              if detector.strip_byte_order_mark(bytes([first]) + tail)[1] is not None}
+
+    assert {bytes([first]) for first in starts} == charset._BOM_FIRST_BYTES
 
 
 @pytest.mark.skipif(chardet_module is None, reason="no charset detector installed")

@@ -37,6 +37,7 @@ def test_a_flushed_script_cache_loads_the_script_and_runs_it_once(
 def test_an_error_reply_is_raised_and_the_connection_stays_usable(
         redis_client: redis.Redis) -> None:
     failing, counting = HotScript(redis_client, FAIL_LUA), HotScript(redis_client, COUNT_LUA)
+    redis_client.script_load(FAIL_LUA)  # no NOSCRIPT detour (its SCRIPT LOAD takes a connection)
     counting(["hot:before-error"], [1])
     before = redis_client.connection_pool._created_connections
 
@@ -51,8 +52,10 @@ def test_a_timed_out_reply_closes_its_connection_and_is_not_sent_again(
         redis_client: redis.Redis) -> None:
     impatient = redis.Redis(connection_pool=redis.ConnectionPool(
         **{**redis_client.connection_pool.connection_kwargs, "socket_timeout": 0.05}))
-    slow = HotScript(impatient, "redis.call('INCR', KEYS[1])\n" + SLOW_LUA)
+    slow_lua = "redis.call('INCR', KEYS[1])\n" + SLOW_LUA
+    slow = HotScript(impatient, slow_lua)
     try:
+        impatient.script_load(slow_lua)  # no NOSCRIPT detour: one connection in all
         with pytest.raises(redis.TimeoutError):
             slow(["hot:slow-runs"], [])
         pool = impatient.connection_pool
@@ -63,3 +66,19 @@ def test_a_timed_out_reply_closes_its_connection_and_is_not_sent_again(
         assert redis_client.get("hot:slow-runs") == b"1"  # sent once, not retried
     finally:
         impatient.close()
+
+
+def test_a_held_connection_the_server_closed_is_reconnected_before_its_next_send(
+        redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = HotScript(redis_client, COUNT_LUA)
+    assert script(["hot:held"], [1]) == 1  # its connection is held now
+    other = redis.Redis(connection_pool=redis.ConnectionPool(
+        **redis_client.connection_pool.connection_kwargs))
+    try:
+        killed = other.client_kill_filter(_type="normal", skipme=True)  # e.g. a Redis timeout
+    finally:
+        other.close()
+    assert killed >= 1
+    monkeypatch.setattr("common.store.hot_script.RECHECK_IDLE_S", 0.0)
+
+    assert script(["hot:held"], [1]) == 2  # polled, found closed, connected again, run once

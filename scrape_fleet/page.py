@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from functools import cached_property
-from typing import Any
-
-from parsel import Selector, SelectorList
+from typing import TYPE_CHECKING, Any
 
 from common.core.media_types import media_request
 from scrape_fleet.request import Request
+
+if TYPE_CHECKING:  # parsel is imported when a handler first asks for the selector
+    from parsel import Selector, SelectorList
 
 __all__ = ["ContentFunction", "Page"]
 
@@ -62,6 +63,8 @@ class Page:
     def selector(self) -> Selector:
         """A parsel ``Selector`` on the page (the worker's own tree: no second parse)."""
         if self._selector is None:
+            from parsel import Selector
+
             self._selector = Selector(text=self.text or "<html></html>", base_url=self.url)
         return self._selector
 

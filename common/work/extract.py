@@ -29,11 +29,10 @@ import re
 from collections.abc import Callable
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
 from lxml import etree
-from parsel import Selector
 
 from common.work import content
 from common.work.rules_file import CONTENT_GETS, Field, Rule, load_rules
@@ -43,6 +42,9 @@ from common.work.user_regex import (
     RegexBudget,
     RegexTimeout,
 )
+
+if TYPE_CHECKING:
+    from parsel import Selector
 
 __all__ = ["REGEX_TIMEOUTS", "Extractor", "extract"]
 
@@ -121,6 +123,8 @@ def extract(rule: Rule, root: etree._Element, base_url: str,
             budget: RegexBudget | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """``(data, errors)`` of one rule on one parsed page; its field regexes share ``budget``
     (default: RULES_REGEX_TIMEOUT_S' default, from now)."""
+    from parsel import Selector  # local: only workers with rules load it
+
     page = Selector(root=root, type="html")
     errors: dict[str, str] = {}
     budget = budget if budget is not None else RegexBudget()

@@ -8,20 +8,30 @@ mistake is a :class:`ConfigError` naming ``where`` (the rule) and ``label`` (the
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
-import regex
 from cssselect import SelectorError
 from lxml import etree
-from parsel.csstranslator import HTMLTranslator
 
 from common.core.errors import ConfigError
 from common.core.render_options import BadRenderOptions, RenderOptions, parse_render
 from common.web.proxies import parse_proxy_urls
 
+if TYPE_CHECKING:
+    import regex
+    from parsel.csstranslator import HTMLTranslator
+
 __all__ = ["compile_css", "compile_proxies", "compile_regex", "compile_render", "compile_xpath"]
 
-_translator = HTMLTranslator()
+
+@functools.cache
+def _translator() -> HTMLTranslator:
+    """parsel's CSS translator, made when the first rule is compiled: parsel and ``regex``
+    are imported by workers with rules only."""
+    from parsel.csstranslator import HTMLTranslator
+
+    return HTMLTranslator()
 
 
 def compile_css(css: Any, where: str, label: str) -> str:
@@ -30,7 +40,7 @@ def compile_css(css: Any, where: str, label: str) -> str:
         raise ConfigError(f"EXTRACT_RULES {where} {label}: css selector must be a non-empty "
                           f"string")
     try:
-        xpath = _translator.css_to_xpath(css)
+        xpath = _translator().css_to_xpath(css)
     except SelectorError as exc:
         raise ConfigError(f"EXTRACT_RULES {where} {label}: bad CSS selector {css!r}: "
                           f"{exc}") from None
@@ -55,6 +65,8 @@ def compile_regex(pattern: Any, where: str, label: str) -> regex.Pattern[str] | 
         return None
     if not isinstance(pattern, str) or not pattern:
         raise ConfigError(f"EXTRACT_RULES {where} {label}: regex must be a non-empty string")
+    import regex  # local: only workers with rules load it
+
     try:  # V0: re's syntax and behaviour (plus what regex adds, e.g. \p{L})
         return regex.compile(pattern, flags=regex.V0)
     except (regex.error, ValueError, OverflowError) as exc:

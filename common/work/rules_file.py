@@ -42,10 +42,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import regex
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from common.core.errors import ConfigError
 from common.core.render_options import RenderOptions
@@ -58,6 +55,9 @@ from common.work.rules_compile import compile_render as _render
 from common.work.rules_compile import compile_xpath as _xpath
 from common.work.user_regex import REGEX_TIMEOUTS, RegexBudget, RegexTimeout, rule_warnings
 from scrape_fleet.request import HANDLER_NAME
+
+if TYPE_CHECKING:  # compiled by rules_compile, only when rules are set
+    import regex
 
 TYPES = ("str", "int", "float", "decimal", "date", "bool", "url")
 RULE_KEYS = {"name", "host", "path", "url", "fields", "items", "follow", "handler", "cookies",
@@ -152,6 +152,8 @@ def read_value(value: str) -> Any:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"EXTRACT_RULES: cannot read {path}: {exc.strerror}") from None
+        import yaml  # local: only a rules file is YAML (not a plain worker's concern)
+
         try:
             return yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -273,10 +275,8 @@ def _items(spec: Any, where: str) -> Items:
     name = spec.get("name", "items")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"EXTRACT_RULES {where} name: expected a string")
-    if "xpath" in spec:
-        xpath = _xpath(spec["xpath"], where, "xpath")
-    else:
-        xpath = _css(spec.get("selector", spec.get("css")), where, "selector")
+    xpath = (_xpath(spec["xpath"], where, "xpath") if "xpath" in spec
+             else _css(spec.get("selector", spec.get("css")), where, "selector"))
     fields = _fields(spec.get("fields"), where, required=True)
     if bad := [f for f in fields if f.get in CONTENT_GETS]:
         raise ConfigError(f"EXTRACT_RULES {where} field {bad[0].name!r}: get {bad[0].get} is "

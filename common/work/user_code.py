@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import logging
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin
 
 import orjson
 from lxml import etree
-from parsel import Selector
 
 from common.core.errors import ConfigError
 from common.core.imports import import_object
 from common.work.charset import decode_to_utf8
 from scrape_fleet import Page, Router
+
+if TYPE_CHECKING:  # parsel is imported when user code first asks for a selector
+    from parsel import Selector
 
 __all__ = ["PageInput", "answer", "check_output", "load_function", "load_router", "load_user_code",
            "main_content", "page_of"]
@@ -56,6 +58,8 @@ class PageInput:
 
     @cached_property
     def selector(self) -> Selector:
+        from parsel import Selector
+
         return Selector(root=self.root, type="html")
 
     @cached_property
@@ -132,6 +136,8 @@ def page_of(head: dict[str, Any], body: bytes, root: etree._Element | None) -> P
     """The :class:`scrape_fleet.Page` of a page the worker parsed (``root``: its tree, None for
     an empty page), ``head`` as the child is sent it: url, status, headers, content_type,
     data, and label, meta, depth (a label or meta of the wrong type is ignored)."""
+    from parsel import Selector  # local: only a worker with handlers runs this
+
     label, meta = head.get("label"), head.get("meta")
     return Page(url=head["url"], status=head["status"], headers=head["headers"],
                 selector=Selector(root=root, type="html") if root is not None else None,

@@ -19,9 +19,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import regex
+if TYPE_CHECKING:  # the patterns are compiled by rules_compile, only when rules are set
+    import regex
 
 logger = logging.getLogger(__name__)
 

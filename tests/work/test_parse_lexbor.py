@@ -81,3 +81,11 @@ def test_an_ordinary_page_is_read_by_lexbor() -> None:
 
     assert parse_lexbor.fits(body)
     assert body.count(b"<") < parse_lexbor.MAX_START_TAGS
+
+
+def test_the_start_tag_bound_is_exact_at_its_limit() -> None:
+    limit = parse_lexbor.MAX_START_TAGS
+
+    assert parse_lexbor.fits(b"<i>" * limit + b"</i>" * limit)
+    assert not parse_lexbor.fits(b"<i>" * (limit + 1) + b"</i>" * limit)
+    assert not parse_lexbor.fits(b"<i>" * (limit + 1))

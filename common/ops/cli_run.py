@@ -18,9 +18,6 @@ from common.core.config import Settings
 from common.core.errors import ConfigError
 from common.core.redact import scrub
 from common.ops import cli
-from common.sink.plugins import DEFAULT_KIND, SinkClass, build, resolve
-from common.sink.reader import SinkReader, retire, run_sink
-from common.store.connection import connect_redis
 from common.web.renderer import Renderer
 from common.work.loop_redis import worker_client
 from common.work.processor import Processor
@@ -28,6 +25,7 @@ from common.work.worker import Worker
 
 if TYPE_CHECKING:
     from common.media.processor import MediaProcessor
+    from common.sink.plugins import SinkClass
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +135,9 @@ def _non_negative(text: str) -> float:
 def sink_class(args: argparse.Namespace, settings: Settings) -> SinkClass:
     """The sink class the command line's KIND, else SINK, else ``files`` names (ConfigError
     naming which of them was wrong)."""
+    # Imported here, as in sink_main: a worker process never loads the sinks.
+    from common.sink.plugins import DEFAULT_KIND, resolve
+
     if args.kind:
         return resolve(args.kind, f"sink kind {args.kind!r}")
     if settings.sink:
@@ -160,6 +161,10 @@ def _start_error(kind: str, exc: Exception, settings: Settings) -> int:
 
 def sink_main(settings: Settings, argv: list[str] | None = None, prog: str | None = None) -> int:
     """``sink.py`` / ``scrape-fleet sink``."""
+    from common.sink.plugins import build
+    from common.sink.reader import SinkReader, retire, run_sink
+    from common.store.connection import connect_redis
+
     args = sink_args(argv, prog)
     if args.command == "retire":
         if not retire(connect_redis(settings), args.name):

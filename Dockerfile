@@ -70,7 +70,8 @@ RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requireme
 ENV BROWSER_EXECUTABLE=/usr/bin/chromium
 COPY . .
 # As in the `scraper` stage below (the comments there).
-RUN mkdir -p /data/results /data/archive /data/spool /app/extensions \
+RUN python -m compileall -q common scrape_fleet ./*.py \
+    && mkdir -p /data/results /data/archive /data/spool /app/extensions \
     && chown 10001:10001 /data/results /data/archive /data/spool \
     && find / -xdev -type f -perm /6000 -exec chmod a-s {} +
 
@@ -89,7 +90,11 @@ COPY . .
 # No setuid/setgid file is left in the image: nothing in it can raise its privileges, which
 # is what no-new-privileges (compose's security_opt) ensures and Swarm cannot (it drops
 # security_opt); with the non-root user and cap_drop ALL, which Swarm keeps.
-RUN mkdir -p /data/results /data/archive /data/spool /app/extensions \
+# The fleet's modules compiled to bytecode here: with PYTHONDONTWRITEBYTECODE (and a code
+# directory the worker cannot write) every container start would compile them again, ~0.1 s
+# of CPU each (NOTES #81).
+RUN python -m compileall -q common scrape_fleet ./*.py \
+    && mkdir -p /data/results /data/archive /data/spool /app/extensions \
     && chown 10001:10001 /data/results /data/archive /data/spool \
     && find / -xdev -type f -perm /6000 -exec chmod a-s {} +
 

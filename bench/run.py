@@ -45,6 +45,7 @@ bench/shared.py holds the plumbing they share.
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import sys
@@ -113,6 +114,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def compile_sources() -> None:
+    """Compile the fleet's modules to bytecode, as the image does at build (Dockerfile): with
+    PYTHONDONTWRITEBYTECODE set, as here and in the image, a process never writes it, and each
+    worker would compile every module it imports that has none (or a stale one) at its start,
+    ~0.1 s of CPU counted in the bench's worker CPU."""
+    for path in [REPO_ROOT / "common", REPO_ROOT / "scrape_fleet", *REPO_ROOT.glob("*.py")]:
+        ok = (compileall.compile_dir(path, quiet=1) if path.is_dir()
+              else compileall.compile_file(path, quiet=1))
+        if not ok:
+            raise SystemExit(f"bench: could not compile {path}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = Sizes.from_args(args)
@@ -137,6 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"farm: mean page {farm.page_bytes_mean} bytes, written to disk in "
             f"{time.monotonic() - synced:.1f}s; starting nginx, RabbitMQ, Redis")
         reference_us = [reference_parse_us(farm)]
+        compile_sources()
         with NginxFarm(farm) as server, fleet_services() as services:
             ctx = Ctx(args, sizes, work, farm, server, services)
             steps: dict[str, Callable[[Ctx], dict[str, Any]]] = {

@@ -17,6 +17,7 @@ from urllib.parse import urljoin, urlsplit
 MAX_URL_CHARS = 2048
 
 _ASCII_WS = " \t\n\r\f"
+_HTTP_PREFIXES = ("http://", "https://")
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 
 
@@ -67,6 +68,8 @@ def resolve(href: str, base: Base) -> str | None:
         if "/." in href:
             return _absolute(_join(base.url, href))  # dot segments need removing
         url = base.origin + href
+    elif href.startswith(_HTTP_PREFIXES):  # absolute, lower-case scheme: the commonest shape
+        return _absolute(href)
     elif first == "#" or not href:
         if not base.origin:
             return None
@@ -128,19 +131,12 @@ def _join(base_url: str, href: str) -> str:
 
 def extract_links(hrefs: list[str], base: Base, max_links: int) -> tuple[tuple[str, ...], bool]:
     """Return ``(links, truncated)``: unique resolved links in order, capped at ``max_links``."""
-    seen_hrefs: set[str] = set()
-    seen: set[str] = set()
-    links: list[str] = []
-    for href in hrefs:
-        # Menus and footers repeat hrefs; a repeat resolves the same way, so skip the work.
-        if href in seen_hrefs:
-            continue
-        seen_hrefs.add(href)
+    found: dict[str, None] = {}  # insertion-ordered: the page's order
+    # Menus and footers repeat hrefs; a repeat resolves the same way, so it is dropped first.
+    for href in dict.fromkeys(hrefs):
         url = resolve(href, base)
-        if url is None or url in seen:
-            continue
-        if len(links) >= max_links:
-            return tuple(links), True
-        seen.add(url)
-        links.append(url)
-    return tuple(links), False
+        if url is not None and url not in found:
+            if len(found) >= max_links:
+                return tuple(found), True
+            found[url] = None
+    return tuple(found), False

@@ -289,6 +289,10 @@ def test_links_inside_noscript_are_kept_and_script_strings_are_not_links() -> No
     [
         "https://other.org/p",
         "http://other.org",
+        "http://other.org/a/../b#f",
+        "HTTP://Other.org/p",
+        "https://",
+        "http:///no-host",
         "/abs",
         "/abs/../x",
         "/.well-known/x",

@@ -290,9 +290,6 @@ def test_links_inside_noscript_are_kept_and_script_strings_are_not_links() -> No
         "https://other.org/p",
         "http://other.org",
         "http://other.org/a/../b#f",
-        "HTTP://Other.org/p",
-        "https://",
-        "http:///no-host",
         "/abs",
         "/abs/../x",
         "/.well-known/x",
@@ -324,6 +321,18 @@ def test_fast_link_resolution_agrees_with_urljoin(base_url: str, href: str) -> N
     resolved = link_rules.resolve(href, link_rules.make_base(base_url))
 
     assert resolved == expected
+
+
+@pytest.mark.parametrize(("href", "expected"), [
+    ("HTTP://Other.org/p", "http://Other.org/p"),  # urljoin keeps an upper-case scheme
+    ("https://", None),  # urljoin makes these the base, or a URL without a host
+    ("http:///no-host", None),
+    ("https://h.org#f", "https://h.org"),
+])
+def test_absolute_hrefs_get_a_lower_case_scheme_and_need_a_host(href: str,
+                                                               expected: str | None) -> None:
+    for base_url in ("https://example.com/dir/page.html", "http://example.com:8080/a/?q=1"):
+        assert link_rules.resolve(href, link_rules.make_base(base_url)) == expected
 
 
 def test_links_beyond_max_links_are_dropped_and_flagged() -> None:

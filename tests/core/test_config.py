@@ -126,6 +126,18 @@ def test_repr_and_str_of_settings_hide_passwords_and_show_the_rest():
     assert AMQP_SECRET in settings.rabbitmq_url and REDIS_SECRET in settings.redis_url
 
 
+def test_a_redis_cluster_url_is_shown_with_every_node_and_no_password():
+    settings = load_settings({"REDIS_URL": "redis+cluster://:S3cr3t%21@127.0.0.1:7000,"
+                                           "127.0.0.1:7001,127.0.0.1:7002",
+                              "RABBITMQ_URLS": "amqp://u:AmqpS3cr3t@a:5672/,amqp://u:AmqpS3cr3t@b"})
+    text = repr(settings)
+    assert ("redis_url_raw='redis+cluster://:***@127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002'"
+            in text), text
+    assert "amqp://u:***@a:5672/,amqp://u:***@b" in text
+    assert "S3cr3t" not in text and "<unparsable>" not in text
+    assert {"S3cr3t%21", "S3cr3t!", "AmqpS3cr3t"} <= settings.secrets()
+
+
 def test_settings_list_their_secrets_in_every_form_they_are_written():
     settings = load_settings({"RABBITMQ_USER": "fleet", "RABBITMQ_PASSWORD": "p/w S3cr3t",
                               "REDIS_URL": "redis://:S3cr3t%21@cache/0"})

@@ -21,9 +21,22 @@ from common.core.redact import MASK, redact_url, scrub, url_secrets
 G = TypeVar("G", bound="SettingsGroup")
 
 
+def url_list(value: str) -> list[str]:
+    """The URLs of a comma-separated list (RABBITMQ_URLS); a piece without ``://`` is one more
+    host of the URL before it (a Redis Cluster's ``redis+cluster://a:1,b:2``)."""
+    urls: list[str] = []
+    for piece in value.split(","):
+        if urls and "://" not in piece:
+            urls[-1] += "," + piece
+        else:
+            urls.append(piece)
+    return urls
+
+
 def url_list_secrets(value: str) -> set[str]:
     """The passwords of a URL, or of each URL of a comma-separated list."""
-    return {secret for part in {value, *value.split(",")} for secret in url_secrets(part)}
+    return {secret for part in {value, *value.split(","), *url_list(value)}
+            for secret in url_secrets(part)}
 
 
 @dataclass(frozen=True)
@@ -46,10 +59,10 @@ class Knob:
 
     def show(self, value: str | None) -> str | None:
         """How a value of this knob may be shown (None stays None)."""
-        if value is None or not (self.secret or self.url):
-            return value
+        if not value or not (self.secret or self.url):
+            return value  # None, or an empty list (PROXY_URLS=''), shown as it is
         # A URL knob may hold a comma-separated list (RABBITMQ_URLS): each one redacted.
-        return MASK if self.secret else ",".join(redact_url(part) for part in value.split(","))
+        return MASK if self.secret else ",".join(redact_url(part) for part in url_list(value))
 
     def invalid(self, raw: str, exc: ValueError) -> ConfigError:
         """The error for a value that does not parse, naming the variable, never a secret."""

@@ -8,11 +8,13 @@ back (NOTES #81). :class:`HotScript` does only the second, with the same rules:
 * the connection comes from the client's pool (Sentinel's pool too, so a failover looks the
   same: a ConnectionError, READONLY turned into one) and, once its reply is read whole, waits
   in a short list of held connections that every HotScript on that pool shares: the next call
-  takes it without the pool's lock, its observability counters and its readiness poll (a
-  system call), ~8 us a call. A connection held idle for over :data:`RECHECK_IDLE_S` is
-  polled as the pool would (a server that closed it: reconnected before the send); a failed
-  one goes back to the pool closed; the pool's ``disconnect`` closes held ones too (they are
-  in use to it), and a forked child starts with none;
+  takes it without the pool's lock and observability counters. Before each send it is asked,
+  as the pool asks, whether it has anything to read: one ``poll`` with no wait (the pool's
+  check switches the socket's timeout off and on around a read: three system calls). Readable
+  means closed by the server (a restart, a client timeout) or out of step: it is closed and
+  connects again before the send, so a restart between two calls costs no call. A failed
+  connection goes back to the pool closed; the pool's ``disconnect`` closes held ones too
+  (they are in use to it), and a forked child starts with none;
 * a reply that says NOSCRIPT (a restarted Redis, a promoted replica: the script cache is not
   replicated) loads the script and runs it again: nothing ran the first time;
 * any other failure while sending or reading closes the connection and is raised, never
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
+import select
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -36,16 +38,13 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError, ResponseError
 
-#: A held connection idle for longer is polled before it is used (see the module docstring).
-RECHECK_IDLE_S = 1.0
-
 
 class _Held:
-    """The connections held between calls for one pool, (connection, when it was put back)."""
+    """The connections held between calls for one pool."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.idle: list[tuple[Any, float]] = []
+        self.idle: list[Any] = []
 
 
 _HELD: weakref.WeakKeyDictionary[Any, _Held] = weakref.WeakKeyDictionary()
@@ -91,16 +90,16 @@ class HotScript:
         if held.pid != os.getpid():  # a forked child: its parent's sockets are not its own
             held = self._held = _HELD[self._pool] = _Held()
         try:
-            conn, since = held.idle.pop()  # atomic under the GIL: safe across fetch loops
+            conn = held.idle.pop()  # atomic under the GIL: safe across fetch loops
         except IndexError:
             return self._pool.get_connection()
-        if time.monotonic() - since > RECHECK_IDLE_S:
-            try:
-                if conn.can_read():  # closed by the server (EOF), or out of step
-                    conn.disconnect()  # send_command connects it again
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
-                conn.disconnect()
+        sock = conn._sock
+        if sock is not None:
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            if poller.poll(0):  # EOF (closed by the server), an error, or stray bytes
+                conn.disconnect()  # send_command connects it again
         return conn
 
     def _put_back(self, conn: Any) -> None:
-        self._held.idle.append((conn, time.monotonic()))
+        self._held.idle.append(conn)

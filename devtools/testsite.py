@@ -32,6 +32,7 @@ POST is served like GET (custom routes usually); its body is in :attr:`RequestRe
 
 from __future__ import annotations
 
+import contextlib
 import html
 import ipaddress
 import logging
@@ -40,7 +41,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -544,3 +545,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+@contextlib.contextmanager
+def running_sites(n: int, first_host: str = "127.0.0.1",
+                  **kwargs: object) -> Iterator[list[TestSite]]:
+    """:func:`start_sites`, stopped again when the block ends."""
+    sites = start_sites(n, first_host, **kwargs)
+    try:
+        yield sites
+    finally:
+        for site in sites:
+            site.stop()

@@ -37,7 +37,7 @@ from devtools.services import (
 from devtools.services.rabbitmq_cluster import LocalRabbitCluster
 from devtools.services.redis_sentinel import SentinelGroup
 from devtools.testsite import TestSite
-from tests.helpers import REPO_ROOT, TEST_ENV, own_channel
+from tests.helpers import REPO_ROOT, TEST_ENV, own_channel, unavailable
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -194,6 +194,24 @@ def sentinel_group() -> Iterator[SentinelGroup]:
     only when a test asks (about 7 s to start), booted during the other tests."""
     yield from _early_service("sentinel_group", "Redis with Sentinel",
                               lambda: SentinelGroup(replicas=2))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A Redis Cluster of 3 primaries and 3 replicas on loopback for the module (about 8 s
+    to start); single-node key names again afterwards for the rest of the session."""
+    from common.store import slots
+    from devtools.services.redis_cluster import RedisClusterGroup
+
+    try:
+        group = RedisClusterGroup().start()
+    except RuntimeError as exc:
+        unavailable(f"Redis Cluster unavailable: {exc}")
+    try:
+        yield group
+    finally:
+        group.stop()
+        slots.set_cluster(False)
 
 
 @pytest.fixture

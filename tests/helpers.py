@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -270,24 +269,6 @@ def require_tool(name: str, *extra_dirs: Path) -> str:
     if found:
         return found
     unavailable(f"{name} not found: run scripts/bootstrap.sh")
-
-
-@contextlib.contextmanager
-def redis_cluster_group() -> Iterator[Any]:
-    """3 primaries and 3 replicas on loopback (about 8 s to start; unavailable: a failure
-    under CI=true), and single-node key names again afterwards for the rest of the session."""
-    from common.store import slots
-    from devtools.services.redis_cluster import RedisClusterGroup
-
-    try:
-        group = RedisClusterGroup().start()
-    except RuntimeError as exc:
-        unavailable(f"Redis Cluster unavailable: {exc}")
-    try:
-        yield group
-    finally:
-        group.stop()
-        slots.set_cluster(False)
 
 
 def unavailable(message: str) -> NoReturn:

@@ -39,7 +39,7 @@ from common.core.urls import canonicalize
 from common.intake.producer import Producer
 from devtools.services import FleetServices
 from devtools.services.rabbitmq_cluster import LocalRabbitCluster
-from devtools.testsite import TestSite, start_sites
+from devtools.testsite import TestSite, running_sites
 from tests.helpers import TEST_ENV, output_of, results, start_worker_process, wait_for
 
 logger = logging.getLogger(__name__)
@@ -56,12 +56,8 @@ PENDING = (*topology.WORK_QUEUES, topology.EXPIRED_QUEUE,
 
 @pytest.fixture
 def sites() -> Iterator[list[TestSite]]:
-    started = start_sites(SITES, "127.0.0.61")
-    try:
+    with running_sites(SITES, "127.0.0.61") as started:
         yield started
-    finally:
-        for site in started:
-            site.stop()
 
 
 def _fleet_env(urls: list[str]) -> dict[str, str]:

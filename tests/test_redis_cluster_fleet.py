@@ -35,7 +35,7 @@ from common.store.dedupe import HELD, TAKEN, Claims, SeenSet
 from common.store.keys import FAILURES_STREAM, RESULTS_STREAM
 from devtools.services import reset_state
 from devtools.services.redis_cluster import RedisClusterGroup
-from devtools.testsite import TestSite, start_sites
+from devtools.testsite import TestSite, running_sites
 from tests.helpers import (
     TEST_ENV,
     drain,
@@ -43,7 +43,6 @@ from tests.helpers import (
     output_of,
     own_channel,
     queue_depth,
-    redis_cluster_group,
     start_worker_process,
     stop_workers,
     wait_for,
@@ -59,21 +58,10 @@ PENDING_QUEUES = (*topology.WORK_QUEUES, *(topology.hold_name(level)
                   topology.EXPIRED_QUEUE)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterGroup]:
-    """3 primaries and 3 replicas on loopback for this module."""
-    with redis_cluster_group() as group:
-        yield group
-
-
 @pytest.fixture
 def farm() -> Iterator[list[TestSite]]:
-    sites = start_sites(SITES, first_host=FIRST_HOST, pages=PAGES, latency_s=LATENCY_S)
-    try:
+    with running_sites(SITES, first_host=FIRST_HOST, pages=PAGES, latency_s=LATENCY_S) as sites:
         yield sites
-    finally:
-        for site in sites:
-            site.stop()
 
 
 def _streams(client: redis.cluster.RedisCluster, name: str) -> list[dict]:

@@ -28,7 +28,7 @@ from common.store.connection import connect_redis
 from common.store.keys import FAILURES_STREAM, RESULTS_STREAM
 from devtools.services import reset_state
 from devtools.services.redis_sentinel import SentinelGroup
-from devtools.testsite import TestSite, start_sites
+from devtools.testsite import TestSite, running_sites
 from tests.helpers import (
     TEST_ENV,
     drain,
@@ -53,12 +53,8 @@ PENDING_QUEUES = (*topology.WORK_QUEUES, *(topology.hold_name(level)
 
 @pytest.fixture
 def farm() -> Iterator[list[TestSite]]:
-    sites = start_sites(SITES, pages=PAGES, latency_s=LATENCY_S)
-    try:
+    with running_sites(SITES, pages=PAGES, latency_s=LATENCY_S) as sites:
         yield sites
-    finally:
-        for site in sites:
-            site.stop()
 
 
 def _recorded(client: redis.Redis) -> int:

@@ -73,8 +73,10 @@ def canonicalize(raw: str, *, max_length: int = 2048) -> str:
 
 def _already_canonical(scheme: str, host: str, port: str | None, path: str) -> bool:
     """Whether a URL of :data:`_CANONICAL_SHAPE` is canonical as it is."""
-    if "/." in path or (port is not None and not _DEFAULT_PORTS[scheme] != int(port) <= 65535):
-        return False  # dot segments removed, a default port dropped, or out of range
+    if "/." in path:
+        return False  # dot segments are removed
+    if port is not None and (int(port) == _DEFAULT_PORTS[scheme] or int(port) > 65535):
+        return False  # a default port is dropped; one out of range is refused
     try:
         return canonical_host(host) == host  # not '127.1', '0x7f.1', ...
     except InvalidURL:

@@ -38,16 +38,18 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError, ResponseError
 
-
-class _Held:
-    """The connections held between calls for one pool."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.idle: list[Any] = []
+#: Per pool, the connections held between calls (see the module docstring).
+_HELD: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
 
-_HELD: weakref.WeakKeyDictionary[Any, _Held] = weakref.WeakKeyDictionary()
+def _forget_held() -> None:
+    """In a forked child the held connections are its parent's sockets: let go of them (the
+    pool gives the child its own; no system call per call to find out who we are)."""
+    for idle in list(_HELD.values()):
+        idle.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held)
 
 
 class HotScript:
@@ -59,7 +61,7 @@ class HotScript:
         self.sha = hashlib.sha1(lua.encode()).hexdigest()
         self._pool = pool = getattr(client, "connection_pool", None)
         self._fallback = client.register_script(lua) if pool is None else None
-        self._held = _HELD.setdefault(pool, _Held()) if pool is not None else None
+        self._held = _HELD.setdefault(pool, []) if pool is not None else None
 
     def __call__(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         if self._fallback is not None:
@@ -86,11 +88,8 @@ class HotScript:
         return reply
 
     def _take(self) -> Any:
-        held = self._held
-        if held.pid != os.getpid():  # a forked child: its parent's sockets are not its own
-            held = self._held = _HELD[self._pool] = _Held()
         try:
-            conn = held.idle.pop()  # atomic under the GIL: safe across fetch loops
+            conn = self._held.pop()  # atomic under the GIL: safe across fetch loops
         except IndexError:
             return self._pool.get_connection()
         sock = conn._sock
@@ -102,4 +101,4 @@ class HotScript:
         return conn
 
     def _put_back(self, conn: Any) -> None:
-        self._held.idle.append(conn)
+        self._held.append(conn)

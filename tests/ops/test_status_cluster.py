@@ -22,29 +22,17 @@ from common.store import slots
 from common.store.connection import connect_redis
 from common.store.keys import RESULTS_STREAM
 from devtools.services import reset_state
-from devtools.services.redis_cluster import RedisClusterGroup
-from devtools.testsite import TestSite, start_sites
-from tests.helpers import TEST_ENV, output_of, redis_cluster_group, start_worker_process, wait_for
+from devtools.testsite import TestSite, running_sites
+from tests.helpers import TEST_ENV, output_of, start_worker_process, wait_for
 
 #: 127.0.0.7 .. 127.0.0.10: their domain shards are on more than one primary.
 SITES, PAGES, FIRST_HOST = 4, 10, "127.0.0.7"
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterGroup]:
-    """3 primaries and 3 replicas on loopback for this module."""
-    with redis_cluster_group() as group:
-        yield group
-
-
 @pytest.fixture
 def sites() -> Iterator[list[TestSite]]:
-    started = start_sites(SITES, first_host=FIRST_HOST, pages=PAGES)
-    try:
+    with running_sites(SITES, first_host=FIRST_HOST, pages=PAGES) as started:
         yield started
-    finally:
-        for site in started:
-            site.stop()
 
 
 def _appended(client: redis.cluster.RedisCluster) -> int:

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 import redis
 
+from common.store import hot_script
 from common.store.hot_script import HotScript
 
 COUNT_LUA = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
@@ -81,3 +83,17 @@ def test_a_held_connection_the_server_closed_is_reconnected_before_its_next_send
     assert killed >= 1
 
     assert script(["hot:held"], [1]) == 2  # polled, found closed, connected again, run once
+
+
+def test_a_forked_child_lets_go_of_its_parents_held_connections(redis_client: redis.Redis) -> None:
+    script = HotScript(redis_client, COUNT_LUA)
+    script(["hot:forked"], [1])  # its connection is held now
+    assert hot_script._HELD[redis_client.connection_pool]
+
+    pid = os.fork()
+    if pid == 0:  # the child: no parent's socket to send on
+        os._exit(0 if not hot_script._HELD[redis_client.connection_pool] else 1)
+    _, status = os.waitpid(pid, 0)
+
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert script(["hot:forked"], [1]) == 2  # the parent's connection still held, still works

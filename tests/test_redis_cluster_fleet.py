@@ -102,18 +102,9 @@ def _fullest_primary(cluster: RedisClusterGroup) -> tuple[str, int]:
     return max(sizes, key=lambda address: sizes[address])
 
 
-def _flush(cluster: RedisClusterGroup) -> None:
-    for address in cluster.primary_addresses():
-        node = redis.Redis(host=address[0], port=address[1], socket_timeout=5)
-        try:
-            node.flushall()
-        finally:
-            node.close()
-
-
 def test_seen_set_and_claims_split_by_shard_on_a_cluster_keep_their_single_node_answers(
         cluster):
-    _flush(cluster)
+    cluster.flush()
     settings = load_settings({**TEST_ENV, **cluster.env})
     client = connect_redis(settings)
     seen, claims = SeenSet(client, settings.seen_buckets), Claims(client)
@@ -134,7 +125,7 @@ def test_seen_set_and_claims_split_by_shard_on_a_cluster_keep_their_single_node_
 def test_a_killed_cluster_primary_is_replaced_by_its_replica_and_every_url_has_one_result(
         services, cluster, farm):
     cluster.heal()
-    _flush(cluster)
+    cluster.flush()
     fleet_env = {**cluster.env, "REDIS_MIN_REPLICAS": "1", "REDIS_WAIT_TIMEOUT_MS": "1000",
                  "PRESSURE_CHECK_S": "0.5"}
     settings: Settings = load_settings({**TEST_ENV, **fleet_env,
@@ -197,7 +188,7 @@ def test_a_killed_cluster_primary_is_replaced_by_its_replica_and_every_url_has_o
 def test_a_files_sink_on_a_cluster_exports_every_shard_s_results_once_and_drains_its_backlog(
         services, cluster, farm, tmp_path: Path):
     cluster.heal()
-    _flush(cluster)
+    cluster.flush()
     settings = load_settings({**TEST_ENV, **cluster.env, "RABBITMQ_URL": services.rabbitmq_url})
     reset_state(services.rabbitmq_url, services.redis_url, purge=True)
     client = connect_redis(settings)

@@ -164,6 +164,15 @@ class RedisClusterGroup(Managed):
     def primary_addresses(self) -> list[Address]:
         return sorted(set(self.slot_owners().values()))
 
+    def flush(self) -> None:
+        """Empty every primary (its replicas follow): a test starts from nothing."""
+        for host, port in self.primary_addresses():
+            node = redis.Redis(host=host, port=port, socket_timeout=5)
+            try:
+                node.flushall()
+            finally:
+                node.close()
+
     # -- faults -----------------------------------------------------------------------------------
     def kill(self, address: Address) -> float:
         """``kill -9`` the node at ``address``; returns when (``time.time()``)."""

@@ -43,12 +43,7 @@ def _appended(client: redis.cluster.RedisCluster) -> int:
 
 def test_status_on_a_cluster_counts_every_shard_s_results_once(services, cluster, sites,
                                                                  run_cli):
-    for address in cluster.primary_addresses():
-        node = redis.Redis(host=address[0], port=address[1], socket_timeout=5)
-        try:
-            node.flushall()
-        finally:
-            node.close()
+    cluster.flush()
     settings = load_settings({**TEST_ENV, **cluster.env, "RABBITMQ_URL": services.rabbitmq_url})
     reset_state(services.rabbitmq_url, services.redis_url, purge=True)  # the topology fresh
     client = connect_redis(settings)

@@ -511,6 +511,18 @@ def start_sites(n: int, first_host: str = "127.0.0.1", **kwargs: object) -> list
     return sites
 
 
+@contextlib.contextmanager
+def running_sites(n: int, first_host: str = "127.0.0.1",
+                  **kwargs: object) -> Iterator[list[TestSite]]:
+    """:func:`start_sites`, stopped again when the block ends."""
+    sites = start_sites(n, first_host, **kwargs)
+    try:
+        yield sites
+    finally:
+        for site in sites:
+            site.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m devtools.testsite``: serve test sites until ^C (for the local demo)."""
     import argparse
@@ -524,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--links-per-page", type=int, default=10)
     parser.add_argument("--latency-s", type=float, default=0.0)
     parser.add_argument("--robots-txt", default=None, help="body of /robots.txt (default: 404)")
+    parser.add_argument("--log-to", default=None, metavar="FILE",
+                        help="on exit, write every site's request log to FILE as JSON lines "
+                             "(host, path, monotonic_s: devtools/site_process.py reads it)")
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -540,20 +555,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for site in sites:
             site.stop()
+        if args.log_to:
+            _write_logs(sites, args.log_to)
     return 0
+
+
+def _write_logs(sites: list[TestSite], path: str) -> None:
+    """Every site's request log as JSON lines, written whole then renamed into place."""
+    import json
+    import os
+
+    with open(path + ".part", "w", encoding="utf-8") as out:
+        for site in sites:
+            for record in site.log:
+                out.write(json.dumps({"host": site.host, "path": record.path,
+                                      "monotonic_s": record.monotonic_s}) + "\n")
+    os.replace(path + ".part", path)
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
 
-
-@contextlib.contextmanager
-def running_sites(n: int, first_host: str = "127.0.0.1",
-                  **kwargs: object) -> Iterator[list[TestSite]]:
-    """:func:`start_sites`, stopped again when the block ends."""
-    sites = start_sites(n, first_host, **kwargs)
-    try:
-        yield sites
-    finally:
-        for site in sites:
-            site.stop()

@@ -7,7 +7,6 @@ and the response cache.
 
 from __future__ import annotations
 
-import gc
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from common.core.urls import fingerprint
 from common.intake.producer import Producer
 from common.store.dedupe import SeenSet
 from common.store.keys import COUNTERS, DONE_PREFIX, content_key
+from devtools.site_process import SitesProcess
 from devtools.testsite import RequestRecord, TestSite, start_sites
 from tests.helpers import (
     TEST_ENV,
@@ -50,8 +50,9 @@ def _times(log: Sequence[RequestRecord]) -> list[float]:
     return sorted(r.monotonic_s for r in log)
 
 
-#: How late the in-process test sites may log a request (GC, CPU shared with the workers).
-SITE_LOG_TOLERANCE_S = 0.075
+#: How late a test site may log a request: its process shares 2 cores with 4 workers,
+#: RabbitMQ and Redis (the workers run at nice 10).
+SITE_LOG_TOLERANCE_S = 0.02
 
 
 def _max_in_window(times: Sequence[float], window_s: float = 1.0) -> int:
@@ -80,51 +81,42 @@ def _lower_priority() -> None:
 
 
 def test_four_worker_processes_share_one_limit_per_site_as_measured_by_the_sites(
-        settings, redis_client, amqp_channel, own_sites):
+        settings, redis_client, amqp_channel):
     per_site = 16
-    # Hosts of their own: 127.0.0.1 is shared with the session test site and the services,
-    # and both clean-clone failures of this test (0.942 s, 0.992 s) were on 127.0.0.1.
-    sites = start_sites(5, first_host="127.0.0.21", pages=20)
-    own_sites.extend(sites)
-    urls = [s.page_url(n) for n in range(1, per_site + 1) for s in sites]
-    _seed(settings, redis_client, urls)
-
-    # The sites stand in for remote servers, which nothing of ours can pause. Here they live in
-    # the pytest process: a garbage-collection pause there (~80 ms with the suite's heap) or
-    # CPU taken by 4 workers, RabbitMQ and Redis on 2 cores makes a site log a request late,
-    # and its log then shows two requests closer than they were sent. So, while the crawl
-    # runs, the test process does not collect garbage and the workers run at a lower CPU
-    # priority (nice 10) than the sites: the sites' log records arrivals.
-    gc.collect()
-    gc.disable()
-    # The guard is pinned at the 3% these margins were measured with (the default became 2%
-    # on 2026-11-22, checked by the bench's politeness phase): here it also absorbs the
-    # in-process site log's lateness.
-    procs = [start_worker_process(settings, "--idle-exit", "3", "--concurrency", "4",
-                                  env={"RATE_LIMIT": "2/second", "RATE_LIMIT_GUARD": "0.03",
-                                       "WORKER_ID": f"w{i}"},
-                                  preexec_fn=_lower_priority)
-             for i in range(4)]
-    try:
+    # The sites stand in for remote servers, which nothing of ours can pause: they run in a
+    # process of their own (devtools/site_process.py), so their log records arrivals. In the
+    # pytest process, with the suite's heap and threads, a site now and then logged a request
+    # up to ~80 ms late, which reads as two requests closer than they were sent (NOTES.md #11).
+    # Hosts of their own: 127.0.0.1 is shared with the session test site and the services.
+    with SitesProcess(5, "127.0.0.21", pages=20) as sites:
+        urls = [sites.page_url(i, n) for n in range(1, per_site + 1) for i in range(5)]
+        _seed(settings, redis_client, urls)
+        # The guard is pinned at the 3% these margins were measured with (the default became
+        # 2% on 2026-11-22, checked by the bench's politeness phase).
+        procs = [start_worker_process(settings, "--idle-exit", "3", "--concurrency", "4",
+                                      env={"RATE_LIMIT": "2/second", "RATE_LIMIT_GUARD": "0.03",
+                                           "WORKER_ID": f"w{i}"},
+                                      preexec_fn=_lower_priority)
+                 for i in range(4)]
         wait_workers_ok(procs, 90)
-    finally:
-        gc.enable()
+        logs = sites.stop()
 
     figures = []
-    for s in sites:
-        times = _times(s.log)  # every request, /robots.txt included
+    for host, log in logs.items():
+        times = sorted(r.monotonic_s for r in log)  # every request, /robots.txt included
         # The fastest any schedule can go under "at most 2 in any 1 s": request k (0-based)
         # cannot come before request k-2 plus 1 s, so the last one is at ((R-1) // 2) s.
         ideal_s = float((len(times) - 1) // 2)
         actual_s = times[-1] - times[0]
         gaps = [round(times[i + 2] - times[i], 3) for i in range(len(times) - 2)]
-        figures.append((s.host, _max_in_window(times), min(gaps), actual_s, ideal_s))
-        print(f"\n{s.host}: {len(times)} requests, max {_max_in_window(times)} in any 1 s, "
-              f"min t[i+2]-t[i] {min(gaps):.3f} s, first->last {actual_s:.2f} s, "
-              f"ideal {ideal_s:.2f} s ({actual_s / ideal_s:.1%})", end="")
+        figures.append((host, _max_in_window(times), min(gaps), actual_s, ideal_s))
+        print(f"\n{host}: {len(times)} requests, max {_max_in_window(times)} in any 1 s, "
+              f"min t[i+2]-t[i] {min(gaps):.3f} s (at i={gaps.index(min(gaps))}), "
+              f"first->last {actual_s:.2f} s, ideal {ideal_s:.2f} s ({actual_s / ideal_s:.1%})",
+              end="")
     total_actual = sum(f[3] for f in figures)
     total_ideal = sum(f[4] for f in figures)
-    all_times = sorted(t for s in sites for t in _times(s.log))
+    all_times = sorted(r.monotonic_s for log in logs.values() for r in log)
     print(f"\noverall: sum first->last {total_actual:.2f} s vs ideal {total_ideal:.2f} s "
           f"({total_actual / total_ideal:.1%}); all sites done in {all_times[-1] - all_times[0]:.2f} s")
 
@@ -133,13 +125,11 @@ def test_four_worker_processes_share_one_limit_per_site_as_measured_by_the_sites
     assert [u for u, n in done.items() if n != 1] == []
     assert queue_depth(amqp_channel, "failed_urls") == 0
     assert len({r["worker"] for r in results(redis_client)}) > 1  # the limit really was shared
-    for s in sites:
-        assert s.count("/robots.txt") == 1 and len(s.log) == per_site + 1, (s.host, s.log)
+    for host, log in logs.items():
+        paths = [r.path for r in log]
+        assert paths.count("/robots.txt") == 1 and len(paths) == per_site + 1, (host, paths)
 
     # Politeness first (never more than 2 requests in any 1 s), then efficiency (within 10%).
-    # A site thread that logs a request late shortens the gap it sees. In 4 of ~40 clean-clone
-    # and full-suite runs a single gap read 0.942-0.992 s while the limiter's own log kept
-    # 1.03 s between permits (NOTES.md #11), so the site log is trusted to within 75 ms.
     over_limit = [(host, n, gap) for host, n, gap, _a, _i in figures
                   if gap < 1.0 - SITE_LOG_TOLERANCE_S]
     assert over_limit == [], "(host, max requests in 1 s, min t[i+2]-t[i])"

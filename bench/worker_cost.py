@@ -6,8 +6,8 @@
 Starts RabbitMQ and Redis (devtools.services), an nginx farm on loopback (bench/farm.py),
 seeds the farm's URLs and runs one :class:`common.work.worker.Worker` in this process until it is
 idle, then prints per page: CPU (user + system), voluntary and involuntary context switches,
-and the wall time. In-process, so `getrusage` sees only the worker (RabbitMQ, Redis and nginx
-are child processes and are not counted). The full bench (bench/run.sh) compares the fleet
+page faults and the wall time. In-process, so `getrusage` sees only the worker (RabbitMQ, Redis
+and nginx are child processes and are not counted). The full bench (bench/run.sh) compares the fleet
 with scrapy-redis; this is the quick loop for the worker's own cost (NOTES #26), where kernel
 time and context switches show GIL trading between threads.
 """
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{' '.join(args.env)}")
     print(f"per page: CPU {user_us + system_us:.0f} us (user {user_us:.0f}, system "
           f"{system_us:.0f}), context switches {(after.ru_nvcsw - before.ru_nvcsw) / n:.1f} "
-          f"voluntary {(after.ru_nivcsw - before.ru_nivcsw) / n:.1f} involuntary; "
+          f"voluntary {(after.ru_nivcsw - before.ru_nivcsw) / n:.1f} involuntary, page faults "
+          f"{(after.ru_minflt - before.ru_minflt) / n:.1f}; "
           f"{n / wall_s:.0f} pages/s")
     by_thread = ", ".join(f"{name} {ticks / TICKS_PER_S / n * 1e6:.0f}"
                           for name, ticks in sorted(threads.items(), key=lambda kv: -kv[1])

@@ -118,6 +118,55 @@ def test_a_url_that_dies_with_its_worker_three_times_is_dead_lettered_as_poison_
     assert per_url[doomed] == 1 and site.count("/hang") == 4
 
 
+@pytest.mark.slow
+def test_pages_in_flight_beside_a_killer_at_every_kill_are_not_condemned_with_it(
+        settings, redis_client, amqp_channel, site):
+    # Each kill catches the innocent pages mid-fetch too, as long as they are fetched beside
+    # the killer. Redelivered, they go on one at a time (the worker's quarantine): one waiting
+    # behind the killer dies waiting, which counts no death, so only the killer's add up.
+    release = threading.Event()
+
+    def hang(_request: Any) -> tuple[int, dict[str, str], bytes]:
+        release.wait(60)
+        return 200, {"Content-Type": "text/html"}, b"<title>late</title>"
+
+    def slow(_request: Any) -> tuple[int, dict[str, str], bytes]:
+        release.wait(2)  # long enough to be mid-fetch when its worker is killed
+        return 200, {"Content-Type": "text/html"}, b"<title>innocent</title>"
+
+    site.route("/hang", hang)
+    innocent = [canonicalize(site.url(f"/innocent/{n}")) for n in range(3)]
+    for url in innocent:
+        site.route(url.removeprefix(site.base_url), slow)
+    doomed = canonicalize(site.url("/hang"))
+    _seed(settings, redis_client, [*innocent, doomed])
+    try:
+        def all_fetched_beside(d: int) -> bool:
+            return site.count("/hang") >= d and all(
+                site.count(url.removeprefix(site.base_url)) >= 1 for url in innocent)
+
+        for death in range(1, 4):
+            worker = start_worker_process(settings, "--concurrency", "4")
+            try:
+                assert wait_for(lambda d=death: all_fetched_beside(d), 30), \
+                    output_of(worker)[-3000:]
+            finally:
+                _kill(worker)
+        finisher = start_worker_process(settings, "--concurrency", "4", "--idle-exit", "2")
+        try:
+            assert finisher.wait(timeout=60) == 0, output_of(finisher)[-3000:]
+        finally:
+            _kill(finisher)
+    finally:
+        release.set()
+
+    assert site.count("/hang") == 3
+    assert set(_dead_letters(amqp_channel)) == {doomed}
+    per_url = Counter(record["url"] for record in results(redis_client))
+    assert per_url == Counter({url: 1 for url in innocent})
+    assert [redis_client.exists(poison_key(url)) for url in innocent] == [0, 0, 0]
+
+
 def test_a_redelivery_counts_a_death_and_an_outcome_forgets_them(settings, redis_client, site):
     processor = Processor(settings, redis_client)
     url = canonicalize(site.url("/page/1"))

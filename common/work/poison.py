@@ -17,6 +17,12 @@ arrival is dead-lettered ``poison``, with the stage and why) and the worker exit
 :data:`STUCK_EXIT_CODE`, to be restarted like any crashed container. Its other deliveries go
 back to the broker, unharmed (one count each, far below the limit).
 
+Quarantine: a URL under suspicion goes on alone. Past its arrival it holds the worker's
+:class:`Quarantine`, and the worker's other redelivered URLs wait for it in stage
+``quarantine``, which, like waiting for a rate-limit turn, is not counted when the worker dies
+there. So a page redelivered beside a killer is not killed with it again and again, and
+condemned with it: only the killer's deaths add up (NOTES #50). First deliveries never wait.
+
 Hot path: a first delivery costs two attribute writes per stage and a set add/remove; no
 Redis call (NOTES #50).
 """
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 import redis
 
 from common.store.keys import poison_key
+from common.web import multi
 
 logger = logging.getLogger(__name__)
 
@@ -41,20 +48,24 @@ STUCK_EXIT_CODE = 75
 #: Stages the stuck watch may end: the ones that run without yielding to the fetch loop.
 WATCHED_STAGES = frozenset({"parse", "extract"})
 #: Stages that cannot be what killed a worker: waiting for the domain's rate-limit turn in
-#: the fetch loop (steps/admit.py). A tracked delivery that died there is not counted again.
-WAITING_STAGES = frozenset({"turn"})
+#: the fetch loop (steps/admit.py), or for the worker's quarantine. A tracked delivery that
+#: died there is not counted again.
+WAITING_STAGES = frozenset({"turn", "quarantine"})
+#: How often a redelivered URL waiting for the quarantine looks again (its loop runs others).
+QUARANTINE_POLL_S = 0.02
 _DETAIL_MAX_CHARS = 200
 
 
 class Progress:
     """Where one delivery is: its stage, since when, and whether Redis must hear of it."""
 
-    __slots__ = ("url", "stage", "since", "_client", "_key")
+    __slots__ = ("url", "stage", "since", "quarantined", "_client", "_key")
 
     def __init__(self, url: str, client: redis.Redis | None = None) -> None:
         self.url = url
         self.stage = "start"
         self.since = time.monotonic()
+        self.quarantined = False  # holds its worker's Quarantine
         self._client = client  # set only for a URL under suspicion (a redelivery)
         self._key = poison_key(url) if client is not None else ""
 
@@ -129,6 +140,29 @@ class PoisonGuard:
         """A tracked URL reached its outcome: forget its deaths."""
         if progress.tracked:
             self.client.delete(poison_key(progress.url))
+
+
+class Quarantine:
+    """One URL under suspicion at a time in this worker, from its arrival to its end."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # any fetch loop's task, any thread, takes it
+
+    def enter(self, progress: Progress) -> None:
+        """A tracked delivery waits here (stage ``quarantine``) until no other one is past
+        its arrival in this worker; any other goes straight on."""
+        if not progress.tracked:
+            return
+        if not self._lock.acquire(blocking=False):
+            progress.enter("quarantine")  # written first: dying here counts no death
+            while not self._lock.acquire(blocking=False):
+                multi.sleep(QUARANTINE_POLL_S)
+        progress.quarantined = True
+
+    def leave(self, progress: Progress) -> None:
+        if progress.quarantined:
+            progress.quarantined = False
+            self._lock.release()
 
 
 def _text(value: bytes | str | None) -> str:

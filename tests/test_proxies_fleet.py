@@ -66,6 +66,15 @@ def _distinct(proxy: TinyProxy, site: TestSite) -> int:
     return len({target for _method, target in proxy.requests() if target.startswith(prefix)})
 
 
+def _all_recorded(client: redis.Redis, by_url: dict[str, dict], urls: list[str],
+                  workers: list) -> None:
+    """Every URL has its record; else where the missing ones are, and what the workers said."""
+    missing = sorted(set(urls) - set(by_url))
+    failures = [fields for _id, fields in client.xrange(b"failures")]
+    assert missing == [] and set(by_url) == set(urls), (
+        missing, failures, [output_of(proc)[-2500:] for proc in workers])
+
+
 def _once_unless_retried(fetched: Counter[str], by_url: dict[str, dict], site: TestSite) -> None:
     """Each page fetched, and more than once only when its record says it was retried (a
     transient error after the request went out: a loaded machine's timeout)."""
@@ -111,7 +120,7 @@ def test_a_crawl_through_three_proxies_one_dead_loses_nothing_and_spreads_load(
     wait_workers_ok(workers, 180)
 
     by_url = _by_url(redis_client)  # one result per URL
-    assert set(by_url) == set(urls)
+    _all_recorded(redis_client, by_url, urls, workers)
     assert all(record["status"] == 200 for record in by_url.values())
     assert redis_client.xlen("failures") == 0, [  # which URL, and why
         fields for _id, fields in redis_client.xrange("failures")]
@@ -156,7 +165,7 @@ def test_a_proxy_and_a_worker_killed_mid_crawl_lose_no_url(
         through_doomed = _pages(doomed, site)
 
     by_url = _by_url(redis_client)  # one result per URL, kill or not
-    assert set(by_url) == set(urls)
+    _all_recorded(redis_client, by_url, urls, [first, second, third])
     assert all(record["status"] == 200 for record in by_url.values())
     assert redis_client.xlen("failures") == 0, [  # which URL, and why
         fields for _id, fields in redis_client.xrange("failures")]
@@ -187,7 +196,7 @@ def test_a_rules_own_proxies_or_none_replace_the_fleets_for_its_pages(
     wait_workers_ok(workers, 180)
 
     by_url = _by_url(redis_client)
-    assert set(by_url) == set(urls)
+    _all_recorded(redis_client, by_url, urls, workers)
     way = {n: by_url[site.page_url(n)].get("proxy") for n in range(1, PAGES + 1)}
     assert {way[n] for n in range(100, 200)} == {two.url}
     assert {way[n] for n in range(1, 10)} == {None}  # direct
@@ -210,7 +219,7 @@ def test_sticky_rotation_keeps_a_session_on_one_proxy_across_workers(
     wait_workers_ok(workers, 180)
 
     by_url = _by_url(redis_client)
-    assert set(by_url) == set(urls)
+    _all_recorded(redis_client, by_url, urls, workers)
     assert {record["worker"] for record in by_url.values()} == {"px-w0", "px-w1"}
     assert len({record["proxy"] for record in by_url.values()}) == 1  # one session, one proxy
     assert sorted([_distinct(one, site), _distinct(two, site)]) == [0, 60]

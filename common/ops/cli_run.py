@@ -43,7 +43,8 @@ def work_args(settings: Settings, argv: list[str] | None = None,
                         help="download assets into MEDIA_STORE: consume the media queues "
                              "(MEDIA_WORKER; docs/media.md)")
     parser.add_argument("--idle-exit", type=float, default=settings.idle_exit_s, metavar="SECONDS",
-                        help="exit 0 after this long without a message (0 = never)")
+                        help="exit 0 after this long without a message (0 = never), once no "
+                             "retry or wait shorter than that is in a hold queue")
     args = parser.parse_args(argv)
     if args.concurrency is not None and args.concurrency < 1:
         parser.error("--concurrency must be >= 1")

@@ -48,6 +48,7 @@ from common.work import metrics
 from common.work.acks import AckLedger, Delivery, death_of, expiration_of
 from common.work.fetch_loops import FetchLoops
 from common.work.heartbeat import Heartbeat, job_fields
+from common.work.idle import IdleExit
 from common.work.outcome import Outcome
 from common.work.pressure import Pressure, PressureMonitor, unhealthy_after
 from common.work.processor import Processor
@@ -74,6 +75,7 @@ class Worker:
         self._publisher: ConfirmingPublisher | None = None
         self.ledger = AckLedger(self._record_dead_letter)
         self._last_delivery = time.monotonic()
+        self.idle = IdleExit(settings.idle_exit_s)  # --idle-exit: when the work at hand is done
         self._consumed_since_connect = False  # since the last connect
         self._completed: collections.deque[tuple[Delivery, Outcome | None]] = (
             collections.deque())
@@ -183,7 +185,8 @@ class Worker:
             self._turn()
             self._apply_pressure()
             metrics.IN_FLIGHT.set(len(self.ledger.inflight))
-            if self._idle_expired():
+            if self.idle.due(self._last_delivery, self._paused or bool(self.ledger.inflight),
+                             self._channel):
                 logger.info("no message for %.1fs: idle exit", self.settings.idle_exit_s)
                 self._stop.set()
         self._graceful_shutdown()
@@ -213,11 +216,6 @@ class Worker:
                         ", priority auto-ack" if self.settings.priority_auto_ack else "")
             self._last_delivery = time.monotonic()  # a pause is not idleness
         self._paused = verdict.paused
-
-    def _idle_expired(self) -> bool:
-        idle_s = self.settings.idle_exit_s
-        return (idle_s > 0 and not self._paused and not self.ledger.inflight
-                and time.monotonic() - self._last_delivery >= idle_s)
 
     def _on_delivery(self, rank: int, queue_name: str, generation: int, channel: Any,
                      method: Any, properties: Any, body: bytes) -> None:

@@ -43,7 +43,8 @@ class WorkerSettings(SettingsGroup):
         "the messages in flight.")
     idle_exit_s: float = setting(
         "IDLE_EXIT_S", values.non_negative_float, "0",
-        "Exit 0 after this long with no message (0: never); --idle-exit overrides.")
+        "Exit 0 after this long with no message (0: never), once no retry or wait in a hold "
+        "queue shorter than that is still to come back; --idle-exit overrides.")
 
     @property
     def effective_prefetch(self) -> int:

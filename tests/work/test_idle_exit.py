@@ -1,0 +1,57 @@
+"""``--idle-exit`` (common/work/idle.py): a worker idle for that long exits, but not while a
+retry or a wait shorter than that rides a hold queue; a longer wait does not keep it.
+
+Real RabbitMQ, Redis, a worker process and the loopback test site.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pika
+import pytest
+
+from common.broker import topology
+from common.broker.messages import WorkMessage
+from common.core.urls import canonicalize
+from tests.helpers import output_of, queue_depth, results, start_worker_process, wait_for
+
+pytestmark = pytest.mark.integration
+
+IDLE_S = 2.0
+SHORT_MS, LONG_MS = 1600, 6400  # a hold queue within the idle time, and one beyond it
+
+
+def _hold(settings, level_ms: int, url: str) -> None:
+    """``url``'s message into the hold queue of ``level_ms``: back in url_queue_ttl after it."""
+    connection = pika.BlockingConnection(pika.URLParameters(settings.rabbitmq_url))
+    try:
+        connection.channel().basic_publish(
+            topology.hold_name(level_ms), topology.NORMAL_QUEUE, WorkMessage(url).to_json(),
+            pika.BasicProperties(delivery_mode=2))
+    finally:
+        connection.close()
+
+
+def test_an_idle_worker_stays_for_a_short_hold_and_leaves_a_long_one_waiting(
+        settings, redis_client, amqp_channel, site):
+    short, long = canonicalize(site.page_url(1)), canonicalize(site.page_url(2))
+    worker = start_worker_process(settings, "--idle-exit", str(IDLE_S), "--concurrency", "2")
+    try:
+        assert wait_for(lambda: "consuming" in output_of(worker), 30), output_of(worker)[-3000:]
+        # Late in the idle time: the short wait ends after it (without the hold check the
+        # worker left at IDLE_S, the URL still in its hold queue), the long one far after.
+        time.sleep(IDLE_S / 2)
+        _hold(settings, SHORT_MS, short)
+        _hold(settings, LONG_MS, long)
+        assert worker.wait(timeout=30) == 0, output_of(worker)[-3000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+    assert [r["url"] for r in results(redis_client)] == [short]
+    assert "wait in hold queues" in output_of(worker)
+    # The long wait is still on its way: in its hold queue, or already back in the work queue.
+    assert queue_depth(amqp_channel, topology.hold_name(LONG_MS)) + queue_depth(
+        amqp_channel, topology.NORMAL_QUEUE) == 1

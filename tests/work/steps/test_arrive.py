@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from common.broker.messages import WorkMessage
 from common.store.dedupe import DoneSet
 from common.store.keys import poison_key
@@ -33,12 +35,44 @@ def test_a_first_delivery_is_watched_and_costs_no_redis_call(settings, redis_cli
     watch.discard(trip.progress)
 
 
+def test_a_redelivered_url_waits_in_quarantine_until_the_one_before_it_departs(
+        settings, redis_client):
+    step, _watch = _step(settings, redis_client)
+    first = _trip("http://127.0.0.1:9/suspect-1", redelivered=True)
+    assert step.count_arrival(first) is None and first.progress.quarantined
+    fresh = _trip("http://127.0.0.1:9/fresh", redelivered=False)
+    assert step.count_arrival(fresh) is None  # a first delivery never waits
+    second = _trip("http://127.0.0.1:9/suspect-2", redelivered=True)
+    arrived = threading.Event()
+    waiter = threading.Thread(target=lambda: (step.count_arrival(second), arrived.set()))
+    waiter.start()
+    try:
+        assert not arrived.wait(0.3)
+        # Waiting, written where a dying worker leaves it: not counted as a death.
+        assert redis_client.hget(poison_key(second.url), "stage") == b"quarantine"
+        step.depart(first)
+        assert arrived.wait(5) and second.progress.quarantined
+    finally:
+        step.depart(first)
+        waiter.join(5)
+    step.depart(second)
+    step.depart(second)  # twice is harmless
+    third = _trip("http://127.0.0.1:9/suspect-3", redelivered=True)
+    assert step.count_arrival(third) is None and third.progress.quarantined
+    step.depart(third)
+    step.depart(fresh)
+
+
 def test_a_url_redelivered_poison_deliveries_times_is_dead_lettered_as_poison(
         settings, redis_client, give_up):
     step, _watch = _step(settings, redis_client)
     trips = [_trip("http://127.0.0.1:9/dies", redelivered=True)
              for _ in range(settings.poison_deliveries)]
-    ends = [step.count_arrival(trip) for trip in trips]
+    ends = []
+    for trip in trips:  # each in a worker that dies on it: its trip ends there
+        ends.append(step.count_arrival(trip))
+        if ends[-1] is None:
+            step.depart(trip)
     assert all(end is None for end in ends[:-1])
     assert failure_of(ends[-1]) == "poison" and ends[-1].unless_done
     outcome = give_up.settle(trips[-1], ends[-1])
@@ -66,12 +100,12 @@ def test_a_url_whose_worker_dies_while_it_waits_for_its_turn_is_never_poison(
         trip = _trip(url, redelivered=True)
         assert step.count_arrival(trip) is None
         trip.progress.enter("turn")  # the worker dies here
-        watch.discard(trip.progress)
+        step.depart(trip)
     assert int(redis_client.hget(poison_key(url), "deaths")) == 1  # its first, untracked death
 
     trip = _trip(url, redelivered=True)
     step.count_arrival(trip)
     trip.progress.enter("fetch")  # dying while fetching counts again
-    watch.discard(trip.progress)
+    step.depart(trip)
     step.count_arrival(_trip(url, redelivered=True))
     assert int(redis_client.hget(poison_key(url), "deaths")) == 2

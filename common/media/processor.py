@@ -102,7 +102,7 @@ class MediaProcessor(Endings):
                        or self.put.store_asset(trip)
                        or self.record.record_asset(trip))
             finally:
-                self.arrive.depart(trip)
+                self.arrive.depart(trip.progress)
             self.poison.clear(trip.progress)
         outcome = end if isinstance(end, Outcome) else self.give_up.settle(trip, end)
         return outcome if trip.job is None else replace(outcome, job=trip.job.scope)

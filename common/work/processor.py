@@ -168,7 +168,7 @@ class Processor(Endings):
                        or self.follow.follow_links(trip)
                        or self.record.record_page(trip))
             finally:
-                self.arrive.depart(trip)
+                self.arrive.depart(trip.progress)
             self.poison.clear(trip.progress)  # a tracked URL reached its end: not poison
         outcome = end if isinstance(end, Outcome) else self.give_up.settle(trip, end)
         return outcome if trip.job is None else replace(outcome, job=trip.job.scope)

@@ -34,7 +34,7 @@ import pytest
 from common.ops.console import COMMANDS
 from common.ops.fleet_dir import CONNECTION_VARIABLES, FleetDir, Proc, start_time, use_local_fleet
 from common.ops.local_api import health_url, is_healthy
-from common.ops.servers import pick_port
+from common.ops.servers import STABLE_PORTS, free_port, pick_port
 from devtools.testsite import TestSite
 from tests.helpers import REPO_ROOT, wait_for
 
@@ -265,6 +265,17 @@ def test_a_port_in_use_gives_way_to_a_free_one():
         assert pick_port(taken) != taken
     free = pick_port(None)
     assert pick_port(free) == free and pick_port(free, taken=(free,)) != free
+
+
+def test_a_free_port_is_drawn_below_the_ephemeral_range_so_no_connection_takes_it_meanwhile():
+    # A broker stopped and started on its port must find it free: outgoing connections take
+    # their local ports from the ephemeral range, never from below it.
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(low - STABLE_PORTS <= port < low for port in ports), (low, ports)
+    assert len(ports) > 10  # drawn, not one port over and over
+    with socket.socket() as busy:  # and free indeed
+        busy.bind(("127.0.0.1", ports.pop()))
 
 
 def test_a_process_is_known_by_its_pid_and_start_time_so_a_reused_pid_is_not_signalled():

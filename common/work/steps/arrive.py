@@ -10,7 +10,7 @@ outcome (:meth:`Arrive.depart`).
 from __future__ import annotations
 
 from common.work.outcome import DeadLetter, Failure
-from common.work.poison import PoisonGuard, Quarantine, StuckWatch
+from common.work.poison import PoisonGuard, Progress, Quarantine, StuckWatch
 from common.work.steps.trip import Trip
 
 
@@ -29,7 +29,7 @@ class Arrive:
         self.watch.add(trip.progress)
         return None
 
-    def depart(self, trip: Trip) -> None:
-        """The trip of an arrived delivery ended (whichever way): unwatched, out of quarantine."""
-        self.watch.discard(trip.progress)
-        self.quarantine.leave(trip.progress)
+    def depart(self, progress: Progress) -> None:
+        """An arrived delivery's trip ended (whichever way): unwatched, out of quarantine."""
+        self.watch.discard(progress)
+        self.quarantine.leave(progress)

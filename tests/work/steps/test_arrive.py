@@ -50,17 +50,17 @@ def test_a_redelivered_url_waits_in_quarantine_until_the_one_before_it_departs(
         assert not arrived.wait(0.3)
         # Waiting, written where a dying worker leaves it: not counted as a death.
         assert redis_client.hget(poison_key(second.url), "stage") == b"quarantine"
-        step.depart(first)
+        step.depart(first.progress)
         assert arrived.wait(5) and second.progress.quarantined
     finally:
-        step.depart(first)
+        step.depart(first.progress)
         waiter.join(5)
-    step.depart(second)
-    step.depart(second)  # twice is harmless
+    step.depart(second.progress)
+    step.depart(second.progress)  # twice is harmless
     third = _trip("http://127.0.0.1:9/suspect-3", redelivered=True)
     assert step.count_arrival(third) is None and third.progress.quarantined
-    step.depart(third)
-    step.depart(fresh)
+    step.depart(third.progress)
+    step.depart(fresh.progress)
 
 
 def test_a_url_redelivered_poison_deliveries_times_is_dead_lettered_as_poison(
@@ -72,7 +72,7 @@ def test_a_url_redelivered_poison_deliveries_times_is_dead_lettered_as_poison(
     for trip in trips:  # each in a worker that dies on it: its trip ends there
         ends.append(step.count_arrival(trip))
         if ends[-1] is None:
-            step.depart(trip)
+            step.depart(trip.progress)
     assert all(end is None for end in ends[:-1])
     assert failure_of(ends[-1]) == "poison" and ends[-1].unless_done
     outcome = give_up.settle(trips[-1], ends[-1])
@@ -100,12 +100,12 @@ def test_a_url_whose_worker_dies_while_it_waits_for_its_turn_is_never_poison(
         trip = _trip(url, redelivered=True)
         assert step.count_arrival(trip) is None
         trip.progress.enter("turn")  # the worker dies here
-        step.depart(trip)
+        step.depart(trip.progress)
     assert int(redis_client.hget(poison_key(url), "deaths")) == 1  # its first, untracked death
 
     trip = _trip(url, redelivered=True)
     step.count_arrival(trip)
     trip.progress.enter("fetch")  # dying while fetching counts again
-    step.depart(trip)
+    step.depart(trip.progress)
     step.count_arrival(_trip(url, redelivered=True))
     assert int(redis_client.hget(poison_key(url), "deaths")) == 2

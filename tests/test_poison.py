@@ -57,6 +57,23 @@ def _kill(proc: Any) -> None:
     proc.wait(timeout=10)
 
 
+def _three_deaths_then_a_finisher(settings: Any, kill_when: Any) -> None:
+    """Three workers in turn, the d-th killed (-9) once ``kill_when(d)``; then one that runs
+    until idle and must exit 0."""
+    for death in range(1, 4):
+        worker = start_worker_process(settings, "--concurrency", "4")
+        try:
+            assert wait_for(lambda d=death: kill_when(d), 30), output_of(worker)[-3000:]
+        finally:
+            _kill(worker)
+        assert worker.returncode == -signal.SIGKILL
+    finisher = start_worker_process(settings, "--concurrency", "4", "--idle-exit", "2")
+    try:
+        assert finisher.wait(timeout=60) == 0, output_of(finisher)[-3000:]
+    finally:
+        _kill(finisher)
+
+
 @pytest.mark.slow
 def test_a_url_that_dies_with_its_worker_three_times_is_dead_lettered_as_poison_with_its_stage(
         settings, redis_client, amqp_channel, site, run_cli):
@@ -71,22 +88,10 @@ def test_a_url_that_dies_with_its_worker_three_times_is_dead_lettered_as_poison_
     ordinary = [site.url(f"/page/{n}") for n in range(1, 21)]
     _seed(settings, redis_client, [*ordinary, doomed])
     try:
-        for death in range(1, 4):  # three workers die while fetching it
-            worker = start_worker_process(settings, "--concurrency", "4")
-            try:
-                # Killed once the ordinary pages are recorded: one still in flight beside the
-                # hanging page would die with it each time, and be counted too (NOTES #50).
-                assert wait_for(lambda d=death: site.count("/hang") >= d
-                                and len(results(redis_client)) >= len(ordinary), 30), \
-                    output_of(worker)[-3000:]
-            finally:
-                _kill(worker)
-            assert worker.returncode == -signal.SIGKILL
-        finisher = start_worker_process(settings, "--concurrency", "4", "--idle-exit", "2")
-        try:
-            assert finisher.wait(timeout=60) == 0, output_of(finisher)[-3000:]
-        finally:
-            _kill(finisher)
+        # Three workers die while fetching it, each killed once the ordinary pages are
+        # recorded (the test below kills with pages in flight beside it).
+        _three_deaths_then_a_finisher(settings, lambda d: site.count("/hang") >= d
+                                      and len(results(redis_client)) >= len(ordinary))
     finally:
         release.set()
 
@@ -145,18 +150,7 @@ def test_pages_in_flight_beside_a_killer_at_every_kill_are_not_condemned_with_it
             return site.count("/hang") >= d and all(
                 site.count(url.removeprefix(site.base_url)) >= 1 for url in innocent)
 
-        for death in range(1, 4):
-            worker = start_worker_process(settings, "--concurrency", "4")
-            try:
-                assert wait_for(lambda d=death: all_fetched_beside(d), 30), \
-                    output_of(worker)[-3000:]
-            finally:
-                _kill(worker)
-        finisher = start_worker_process(settings, "--concurrency", "4", "--idle-exit", "2")
-        try:
-            assert finisher.wait(timeout=60) == 0, output_of(finisher)[-3000:]
-        finally:
-            _kill(finisher)
+        _three_deaths_then_a_finisher(settings, all_fetched_beside)
     finally:
         release.set()
 

@@ -4,7 +4,7 @@ none in flight, not paused, and no message in a hold queue shorter than that.
 A retry or a rate-limit wait rides a hold queue (common/broker/topology.py) and comes back to a
 work queue when its level runs out. One in a queue shorter than the idle time is part of the
 work at hand: exiting then left it behind until some worker started again (a drain that ended
-with one page waiting; twice in the proxy fleet test's CI runs). A longer wait (a domain
+with one page waiting: the proxy fleet test's CI runs, NOTES #82). A longer wait (a domain
 blocked for minutes) is not: the worker still exits, as it always did. The check costs one
 passive queue declaration per such level, at most once a second, only once the time is up.
 """

@@ -54,9 +54,7 @@ class SitesProcess:
                     raise RuntimeError(f"test sites exited early (code {self._proc.wait()})")
                 self.base_urls.append(line.strip())
         except BaseException:
-            self._proc.kill()
-            self._proc.wait()
-            self._workdir.cleanup()
+            self._discard()
             raise
         self._logs: dict[str, list[LoggedRequest]] | None = None
 
@@ -72,7 +70,6 @@ class SitesProcess:
         if self._logs is None:
             self._proc.send_signal(signal.SIGTERM)
             code = self._proc.wait(STOP_TIMEOUT_S)
-            self._proc.stdout.close()
             if code != 0:
                 raise RuntimeError(f"test sites exited with code {code}")
             logs: dict[str, list[LoggedRequest]] = {host: [] for host in self.hosts}
@@ -80,16 +77,21 @@ class SitesProcess:
                 for line in lines:
                     entry = json.loads(line)
                     logs[entry["host"]].append(LoggedRequest(**entry))
-            self._workdir.cleanup()
             self._logs = logs
+            self._discard()
         return self._logs
 
     def __enter__(self) -> SitesProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._logs is None and self._proc.poll() is None:
+        if self._logs is None:  # not stopped, or its stop failed
+            self._discard()
+
+    def _discard(self) -> None:
+        """Kill the sites if they still run; drop their pipe and files."""
+        if self._proc.poll() is None:
             self._proc.kill()
-            self._proc.wait()
-            self._proc.stdout.close()
-            self._workdir.cleanup()
+        self._proc.wait()
+        self._proc.stdout.close()
+        self._workdir.cleanup()

@@ -544,19 +544,15 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    sites = start_sites(args.sites, args.first_host, port=args.port, pages=args.pages,
-                        links_per_page=args.links_per_page, latency_s=args.latency_s,
-                        robots_txt=args.robots_txt)
-    try:
+    with running_sites(args.sites, args.first_host, port=args.port, pages=args.pages,
+                       links_per_page=args.links_per_page, latency_s=args.latency_s,
+                       robots_txt=args.robots_txt) as sites:
         for site in sites:
             print(site.base_url, flush=True)
         while not stop.wait(0.5):
             pass
-    finally:
-        for site in sites:
-            site.stop()
-        if args.log_to:
-            _write_logs(sites, args.log_to)
+    if args.log_to:  # the sites have stopped: their logs are whole
+        _write_logs(sites, args.log_to)
     return 0
 
 
@@ -575,4 +571,3 @@ def _write_logs(sites: list[TestSite], path: str) -> None:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

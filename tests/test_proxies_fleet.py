@@ -23,6 +23,7 @@ import redis
 
 from common.core.config import Settings
 from common.intake.producer import Producer
+from common.store.keys import FAILURES_STREAM
 from common.web.proxies import proxy_id, read_stats
 from devtools.nginx_site import free_port
 from devtools.proxies import Dante, TinyProxy
@@ -70,7 +71,7 @@ def _all_recorded(client: redis.Redis, by_url: dict[str, dict], urls: list[str],
                   workers: list) -> None:
     """Every URL has its record; else where the missing ones are, and what the workers said."""
     missing = sorted(set(urls) - set(by_url))
-    failures = [fields for _id, fields in client.xrange(b"failures")]
+    failures = [fields for _id, fields in client.xrange(FAILURES_STREAM)]
     assert missing == [] and set(by_url) == set(urls), (
         missing, failures, [output_of(proc)[-2500:] for proc in workers])
 

@@ -22,15 +22,10 @@ IDLE_S = 2.0
 SHORT_MS, LONG_MS = 1600, 6400  # a hold queue within the idle time, and one beyond it
 
 
-def _hold(settings, level_ms: int, url: str) -> None:
+def _hold(channel, level_ms: int, url: str) -> None:
     """``url``'s message into the hold queue of ``level_ms``: back in url_queue_ttl after it."""
-    connection = pika.BlockingConnection(pika.URLParameters(settings.rabbitmq_url))
-    try:
-        connection.channel().basic_publish(
-            topology.hold_name(level_ms), topology.NORMAL_QUEUE, WorkMessage(url).to_json(),
-            pika.BasicProperties(delivery_mode=2))
-    finally:
-        connection.close()
+    channel.basic_publish(topology.hold_name(level_ms), topology.NORMAL_QUEUE,
+                          WorkMessage(url).to_json(), pika.BasicProperties(delivery_mode=2))
 
 
 def test_an_idle_worker_stays_for_a_short_hold_and_leaves_a_long_one_waiting(
@@ -42,8 +37,8 @@ def test_an_idle_worker_stays_for_a_short_hold_and_leaves_a_long_one_waiting(
         # Late in the idle time: the short wait ends after it (without the hold check the
         # worker left at IDLE_S, the URL still in its hold queue), the long one far after.
         time.sleep(IDLE_S / 2)
-        _hold(settings, SHORT_MS, short)
-        _hold(settings, LONG_MS, long)
+        _hold(amqp_channel, SHORT_MS, short)
+        _hold(amqp_channel, LONG_MS, long)
         assert worker.wait(timeout=30) == 0, output_of(worker)[-3000:]
     finally:
         if worker.poll() is None:

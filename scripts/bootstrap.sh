@@ -6,8 +6,8 @@
 #      only to validate docker-compose.yml), kubectl (Debian's kubernetes-client: `kubectl
 #      kustomize` renders deploy/k8s in tests/test_deploy.py), nginx (with its brotli filter),
 #      tinyproxy and dante-server (the real web's proxy tests), strace (the local-mode
-#      secrets test), chromium and chromium-driver (the web UI's browser tests), python3-venv
-#      when venv is unavailable, and python3 itself when .venv is to be made and
+#      secrets test), chromium and chromium-driver (the web UI's browser tests), gcc and
+#      python3-dev (step 3), python3-venv when venv is unavailable, and python3 itself when .venv is to be made and
 #      /usr/bin/python3 is missing.
 #   2. .venv with requirements-dev.lock: every package pinned with its sha256 hashes, checked by
 #      pip (--require-hashes), wheels only; re-installed only when a lock changes. The locks are
@@ -17,6 +17,7 @@
 #      /usr/bin/python3 (Debian 12: 3.11.2, Ubuntu 24.04: 3.12) when it is 3.11 or later, else
 #      `python3` on PATH. FLEET_PYTHON=/path/to/python chooses another. An existing .venv is kept
 #      whatever it runs on (it says so); `rm -rf .venv` and run again to make it anew.
+#   3. The C text measures built into the checkout (python -m common.ops.native).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -37,6 +38,16 @@ have nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 have tinyproxy || [ -x /usr/bin/tinyproxy ] || missing+=(tinyproxy)
 [ -x /usr/sbin/danted ] || missing+=(dante-server)
 have strace || missing+=(strace)  # tests/ops/test_local_secrets.py traces every execve
+# The C text measures (common/work/_text_measure.c, NOTES #83), built below into the checkout.
+have cc || missing+=(gcc)
+headers_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null; }
+for py in .venv/bin/python /usr/bin/python3; do
+    if [ -x "$py" ]; then  # the Python .venv has or will have; Debian's headers: python3-dev
+        [ -e "$(headers_of "$py")/Python.h" ] || [ "$py" != /usr/bin/python3 ] \
+            || missing+=(python3-dev)
+        break
+    fi
+done
 # The web UI's browser tests (tests/api/test_ui_browser.py) drive Debian's Chromium through
 # Selenium with this chromedriver: no browser is ever downloaded.
 [ -x /usr/bin/chromium ] || missing+=(chromium)
@@ -120,3 +131,8 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$wanted" ]; then
 else
     log "requirements-dev.lock already installed in .venv"
 fi
+
+# The fleet's C module, built in place (common/ops/native.py): the text measures' one pass,
+# ~2x cheaper than the Python pass the fleet falls back to without it. Always rebuilt (0.3 s):
+# its source may have changed since.
+.venv/bin/python -m common.ops.native

@@ -71,15 +71,23 @@ def empty_page(encoding: str, cut: str | None) -> Page:
 
 
 def measure_text(text: str) -> tuple[int, str]:
-    """``(text_length, content_hash)`` of the visible text (its nodes joined with spaces) in a
-    handful of C passes, without building the collapsed text: ``" ".join(text.split())``
-    makes one Python object per word, a large share of the parse before (NOTES #25).
+    """``(text_length, content_hash)`` of the visible text (its nodes joined with spaces),
+    without building the collapsed text: ``" ".join(text.split())`` makes one Python object
+    per word, a large share of the parse before (NOTES #25).
 
     ``text_length`` is the length of the text with runs of ASCII whitespace collapsed to one
     space and trimmed (nodes are joined with a space so '<p>a</p><p>b</p>' counts as two
     words, as a browser shows them). ``content_hash`` is BLAKE2b over the UTF-8 text with all
     ASCII whitespace removed, so whitespace-only edits (re-indenting, minifying) keep it.
     """
+    length, solid = solid_text(text)
+    return length, hashlib.blake2b(solid, digest_size=HASH_DIGEST_BYTES).hexdigest()
+
+
+def solid_text_python(text: str) -> tuple[int, bytes]:
+    """``(text_length, solid)``: the text's UTF-8 without ASCII whitespace, and the collapsed
+    text's length (see measure_text). The C module's pass in Python, for where it is not built
+    (common/work/_text_measure.c; the tests hold the two equal)."""
     data = text.encode("utf-8", "surrogatepass")
     # The text without its whitespace is what is hashed, and its length is the count of
     # non-space bytes. Words: the text's shape, one byte per UTF-8 byte (0 for whitespace, 1
@@ -90,9 +98,15 @@ def measure_text(text: str) -> tuple[int, str]:
     solid = data.translate(None, _ASCII_WS_BYTES)
     shape = data.translate(_SHAPE_TABLE)
     words = shape.count(b"\x00\x01") + (shape[:1] == b"\x01")
-    length = len(solid) - (len(data) - len(text)) + max(words - 1, 0)
-    digest = hashlib.blake2b(solid, digest_size=HASH_DIGEST_BYTES)
-    return length, digest.hexdigest()
+    return len(solid) - (len(data) - len(text)) + max(words - 1, 0), solid
+
+
+try:  # built by python -m common.ops.native (bootstrap, the image, pip install .)
+    from common.work._text_measure import solid_text
+    NATIVE_TEXT_MEASURE = True
+except ImportError:
+    solid_text = solid_text_python
+    NATIVE_TEXT_MEASURE = False
 
 
 def collapse(value: str | None) -> str:

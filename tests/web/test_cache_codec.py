@@ -52,15 +52,27 @@ def test_a_corrupt_or_foreign_value_is_a_clear_value_error(value: bytes) -> None
         cache.decode(URL, value)
 
 
-def test_a_value_claiming_a_huge_decoded_size_is_refused_not_inflated() -> None:
+def test_a_value_inflating_past_the_cap_is_refused_without_inflating_it_all() -> None:
     header = b'{"final_url": "http://127.0.0.1:9/", "status": 200, "content_type": null}\n'
-    payload = header + b"\0" * (cache.MAX_DECODED_BYTES + 1024)
-    with_size = zstandard.ZstdCompressor(level=3).compress(payload)
-    streamed = zstandard.ZstdCompressor(level=3, write_content_size=False).compress(payload)
-    assert len(with_size) < 100_000 and zstandard.frame_content_size(streamed) == -1
-    for bomb in (with_size, streamed):
-        with pytest.raises(ValueError, match="corrupt cache entry"):
-            cache.decode(URL, bomb)
+    bomb = zlib.compress(header + b"\0" * (cache.MAX_DECODED_BYTES + 1024), 9)
+    assert len(bomb) < 100_000
+    with pytest.raises(ValueError, match="corrupt cache entry for .*: inflates past"):
+        cache.decode(URL, bomb)
+
+
+def test_a_value_cut_short_or_with_bytes_after_its_end_is_refused() -> None:
+    value = cache.encode(response(), max_bytes=1_000_000)
+    assert value is not None
+    with pytest.raises(ValueError, match="cut short"):
+        cache.decode(URL, value[:-7])
+    with pytest.raises(ValueError, match="bytes after its end"):
+        cache.decode(URL, value + b"x")
+
+
+def test_an_entry_in_the_old_zstd_format_is_refused_as_corrupt_so_it_is_a_miss() -> None:
+    header = b'{"final_url": "http://127.0.0.1:9/", "status": 200, "content_type": null}\n'
+    with pytest.raises(ValueError, match="corrupt cache entry"):
+        cache.decode(URL, zstandard.ZstdCompressor(level=1).compress(header + b"<p>x</p>"))
 
 
 def test_threads_encode_and_decode_concurrently_without_mixing_pages() -> None:

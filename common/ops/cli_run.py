@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 from common.core.config import Settings
 from common.core.errors import ConfigError
 from common.core.redact import scrub
-from common.ops import cli
+from common.ops import cli, native
 from common.web.renderer import Renderer
-from common.work import page
 from common.work.loop_redis import worker_client
 from common.work.processor import Processor
 from common.work.worker import Worker
@@ -81,9 +80,10 @@ def work_main(settings: Settings, argv: list[str] | None = None, prog: str | Non
         processor = MediaProcessor(settings, redis_client)
     else:
         processor = Processor(settings, redis_client, renderer=renderer)
-        if not page.NATIVE_TEXT_MEASURE:
-            logger.warning("the C text measures are not built: a page costs ~6%% more CPU "
-                           "(build them with: python -m common.ops.native)")
+        unbuilt = native.unbuilt()
+        if unbuilt:
+            logger.warning("%s not built: a page costs ~10%% more CPU (build with: python -m "
+                           "common.ops.native)", " and ".join(unbuilt))
     worker = Worker(settings, processor)
     worker.install_signal_handlers()
     return worker.run()

@@ -130,7 +130,20 @@ def _join(base_url: str, href: str) -> str:
 
 
 def extract_links(hrefs: list[str], base: Base, max_links: int) -> tuple[tuple[str, ...], bool]:
-    """Return ``(links, truncated)``: unique resolved links in order, capped at ``max_links``."""
+    """Return ``(links, truncated)``: unique resolved links in order, capped at ``max_links``.
+
+    The plain shapes (absolute, root-relative, relative, a fragment) are resolved in C when
+    the module is built (common/work/_links.c, NOTES #83); it hands every other href to
+    :func:`resolve`, and :func:`extract_links_python` is the same loop where it is not built."""
+    if resolve_all is not None and base.origin:
+        return resolve_all(hrefs, base, base.origin, base.directory, base.url, max_links,
+                           MAX_URL_CHARS, resolve)
+    return extract_links_python(hrefs, base, max_links)
+
+
+def extract_links_python(hrefs: list[str], base: Base,
+                         max_links: int) -> tuple[tuple[str, ...], bool]:
+    """:func:`extract_links` in Python: the C module's loop, for where it is not built."""
     found: dict[str, None] = {}  # insertion-ordered: the page's order
     # Menus and footers repeat hrefs; a repeat resolves the same way, so it is dropped first.
     for href in dict.fromkeys(hrefs):
@@ -140,3 +153,9 @@ def extract_links(hrefs: list[str], base: Base, max_links: int) -> tuple[tuple[s
                 return tuple(found), True
             found[url] = None
     return tuple(found), False
+
+
+try:  # built by python -m common.ops.native (bootstrap, the image, pip install .)
+    from common.work._links import resolve_all
+except ImportError:
+    resolve_all = None

@@ -1,0 +1,169 @@
+"""The fleet's C hot loops held to their Python passes: the text measures
+(common/work/_text_measure.c against page.solid_text_python) and the links
+(common/work/_links.c against links.extract_links_python); and the builder that compiles them."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from common.ops import native
+from common.work import links, page
+
+ALPHABET = [" ", "\t", "\n", "\r", "\f", "  ", "a", "bc", "é", "中", "\u00a0", "\U0001f600",
+            "\ud800", "\udfff", "\x0b", "\u3000", "\x00", "\x80"]
+
+
+def _definition(text: str) -> tuple[int, bytes]:
+    collapsed = re.sub(r"[ \t\n\r\f]+", " ", text).strip(" ")
+    return len(collapsed), re.sub(r"[ \t\n\r\f]+", "", text).encode("utf-8", "surrogatepass")
+
+
+def _random_texts(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 14)))
+            for _ in range(count)]
+
+
+def _built(module: str) -> None:
+    """Built by bootstrap (and the image): missing is a failure in CI, else a skip."""
+    if module in native.unbuilt():
+        if os.environ.get("CI", "").strip().lower() == "true":
+            pytest.fail(f"{module} is not built: scripts/bootstrap.sh builds it "
+                        "(python -m common.ops.native)")
+        pytest.skip(f"{module} is not built (python -m common.ops.native)")
+
+
+@pytest.fixture(scope="module")
+def native_pass():
+    _built("common.work._text_measure")
+    return page.solid_text
+
+
+@pytest.fixture(scope="module")
+def native_links():
+    _built("common.work._links")
+    return links.resolve_all
+
+
+def test_the_python_pass_gives_the_collapsed_length_and_the_squeezed_bytes():
+    for text in _random_texts(5000, 20261127):
+        assert page.solid_text_python(text) == _definition(text), repr(text)
+
+
+def test_the_c_pass_gives_what_the_python_pass_gives_on_random_texts(native_pass):
+    for text in _random_texts(20000, 83):
+        assert native_pass(text) == page.solid_text_python(text) == _definition(text), \
+            repr(text)
+
+
+def test_the_c_pass_reads_a_long_text_and_its_edges(native_pass):
+    long_text = " \n".join(f"word{i} é {i}" for i in range(20000)) + "\t"
+    for text in ("", " ", "a", " a", "a ", "\ud800", "\ud800 \ud800", long_text):
+        assert native_pass(text) == page.solid_text_python(text), repr(text[:40])
+
+
+def test_the_c_pass_refuses_what_is_not_a_str(native_pass):
+    with pytest.raises(TypeError, match="takes a str"):
+        native_pass(b"bytes")
+
+
+def test_measure_text_hashes_the_solid_text_whichever_pass_runs(monkeypatch):
+    text = "  Héllo,\n\tworld  \ud800 "
+    digest = hashlib.blake2b("Héllo,world\ud800".encode("utf-8", "surrogatepass"),
+                             digest_size=page.HASH_DIGEST_BYTES).hexdigest()
+    assert page.measure_text(text) == (14, digest)
+    monkeypatch.setattr(page, "solid_text", page.solid_text_python)
+    assert page.measure_text(text) == (14, digest)
+
+
+BASES = ["https://example.com/dir/page.html", "https://example.com", "http://example.com:8080/a/b/?q=1",
+         "https://user@example.com/a/b/c.html#frag", "http://[::1]:8081/x/y", "https://h.org/\u00e9t\u00e9/",
+         "https://example.com/" + "d/" * 1020, "mailto:someone@example.com", "http:///nohost"]
+HREF_PIECES = ["http://", "https://", "HTTP://", "//", "/", "./", "../", "/.", ".", "#", "?", "q=1",
+               "a", "B", "p.html", "x:y", "mailto:", "javascript:", " ", "\t", "\n", "\r", "\f",
+               "\x0b", "\x7f", "é", "\\", "%2E", ":", "@", "h.org", "h.org:80", "[::1]", "-", "+",
+               "1", "a" * 600]
+
+
+def test_the_c_links_give_what_the_python_loop_gives_on_random_hrefs_and_bases(native_links):
+    rng = random.Random(8302)
+    for _ in range(3000):
+        base = links.make_base(rng.choice(BASES))
+        hrefs = ["".join(rng.choice(HREF_PIECES) for _ in range(rng.randint(0, 6)))
+                 for _ in range(rng.randint(0, 12))]
+        hrefs += rng.sample(hrefs, min(len(hrefs), 3))  # repeats, as menus have
+        max_links = rng.choice([1, 3, 10_000])
+        assert links.extract_links(hrefs, base, max_links) == \
+            links.extract_links_python(hrefs, base, max_links), (base, hrefs, max_links)
+
+
+def test_the_c_links_resolve_the_plain_shapes_themselves(native_links):
+    base = links.make_base("http://example.com:8080/a/b.html")
+    hrefs = ["http://o.org/p#f", "/root?x=1#f", "rel.html", "#top", "", "  /sp  ", "https://",
+             "http:///nohost", "http://o.org/p", "/root?x=1"]
+    asked: list[str] = []
+
+    def resolve(href: str, base: links.Base) -> str | None:
+        asked.append(href)
+        return links.resolve(href, base)
+
+    found, truncated = native_links(hrefs, base, base.origin, base.directory, base.url, 100,
+                                    links.MAX_URL_CHARS, resolve)
+
+    assert asked == []  # every one of these is a plain shape
+    assert found == ("http://o.org/p", "http://example.com:8080/root?x=1",
+                     "http://example.com:8080/a/rel.html", "http://example.com:8080/a/b.html",
+                     "http://example.com:8080/sp")
+    assert truncated is False
+    assert native_links(["/x", "//cdn.net/y", "../z"], base, base.origin, base.directory,
+                        base.url, 100, links.MAX_URL_CHARS, resolve)[0] == (
+        "http://example.com:8080/x", "http://cdn.net/y", "http://example.com:8080/z")
+    assert asked == ["//cdn.net/y", "../z"]  # the other shapes go to links.resolve
+
+
+def test_the_c_links_stop_at_max_links_and_say_so(native_links):
+    base = links.make_base("https://example.com/")
+    hrefs = [f"/p/{i}" for i in range(5)] + ["/p/0"]
+    assert links.extract_links(hrefs, base, 3) == (
+        ("https://example.com/p/0", "https://example.com/p/1", "https://example.com/p/2"), True)
+    assert links.extract_links(hrefs, base, 5)[1] is False
+
+
+def test_the_c_links_pass_on_what_resolve_raises(native_links):
+    base = links.make_base("https://example.com/")
+    with pytest.raises(AttributeError):
+        links.extract_links(["/ok", 7], base, 10)  # type: ignore[list-item]
+
+
+@pytest.mark.skipif(native.missing_tools() is not None, reason="no C compiler or Python.h")
+def test_the_builder_compiles_an_importable_module_beside_its_source(tmp_path: Path):
+    module, source = native.MODULES[0]  # the text measures
+    (tmp_path / source).parent.mkdir(parents=True)
+    shutil.copy(native.ROOT / source, tmp_path / source)
+
+    target = native.build(module, source, root=tmp_path)
+
+    assert target.parent == (tmp_path / source).parent
+    # Nothing else is left beside it (the partial file is renamed into place).
+    assert {p.name for p in target.parent.iterdir()} == {target.name, Path(source).name}
+    spec = importlib.util.spec_from_file_location(module, target)
+    built = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(built)
+    assert built.solid_text(" a  b ") == (3, b"ab")
+
+
+def test_without_a_compiler_the_builder_says_so_and_fails_unless_optional(monkeypatch, capsys):
+    monkeypatch.setattr(native, "compiler", lambda: None)
+
+    assert native.main([]) == 2
+    assert "no C compiler" in capsys.readouterr().err
+    assert native.main(["--optional"]) == 0
+    assert "uses its Python passes" in capsys.readouterr().err

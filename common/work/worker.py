@@ -5,12 +5,10 @@ Threads and ownership (pika is not thread-safe; see NOTES.md #6):
 * The main thread owns the AMQP connection. It runs ``process_data_events`` in a loop, which
   keeps heartbeats flowing however long a fetch takes, receives deliveries into a local
   priority buffer, publishes dead-letters/retries with asynchronous confirms, and acks.
-* ``concurrency`` fetch tasks in FETCH_LOOPS threads (common/work/fetch_loops.py: libcurl's
-  multi interface, a greenlet per task) take deliveries from a priority buffer
-  (priority_queue first), run the processor, and append the outcome to a hand-over deque.
+* ``concurrency`` fetch tasks in FETCH_LOOPS threads (common/work/fetch_loops.py: libcurl, a
+  greenlet per task) run the processor on deliveries and append outcomes to a hand-over deque.
 * While every fetch task has work, the main thread works in ticks (BUSY_TICK_S), handling
-  every pending AMQP event, outcome and confirm in one go (waking for each made the threads
-  trade the GIL dozens of times per page, NOTES #26); below that it blocks in
+  every pending AMQP event, outcome and confirm in one go (NOTES #26); below that it blocks in
   ``process_data_events`` and fetch tasks wake it.
 
 A delivery is acked only once its outcome is durable (the ack ledger, common/work/acks.py).
@@ -56,8 +54,9 @@ from common.work.processor import Processor
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S, _LOOP_TICK_S = 50.0, 0.1  # the grace: below compose's stop_grace_period
-#: While work is outstanding the I/O loop runs this often (acks wait at most this long).
-BUSY_TICK_S = 0.005
+#: While work is outstanding the I/O loop runs this often (acks wait at most this long), or
+#: sooner once outcomes fill 3/4 of the prefetch window's headroom (NOTES #26).
+BUSY_TICK_S = 0.010
 
 
 class Worker:
@@ -77,12 +76,12 @@ class Worker:
         self._last_delivery = time.monotonic()
         self.idle = IdleExit(settings.idle_exit_s)  # --idle-exit: when the work at hand is done
         self._consumed_since_connect = False  # since the last connect
-        self._completed: collections.deque[tuple[Delivery, Outcome | None]] = (
-            collections.deque())
+        self._completed: collections.deque[tuple[Delivery, Outcome | None]] = collections.deque()
         self._done_lock = threading.Lock()
         self._outstanding = 0  # deliveries handed to fetch tasks and not yet finished
         self._ticking = False  # the I/O thread polls every BUSY_TICK_S (no wake-ups needed)
-        self._wake_scheduled = False
+        self._wake_scheduled, self._tick = False, threading.Event()  # _tick: see _hand_over
+        self._tick_batch = max(1, (settings.effective_prefetch - settings.concurrency) * 3 // 4)
         self.heartbeat = Heartbeat(processor.client, settings.worker_id,
                                    settings.heartbeat_interval_s, self.snapshot)
         self.pressure = PressureMonitor(
@@ -243,7 +242,8 @@ class Worker:
         if self._outstanding >= self.settings.concurrency:
             with self._done_lock:
                 self._ticking = True
-            time.sleep(BUSY_TICK_S)  # the GIL is the fetch loops' meanwhile
+            self._tick.wait(BUSY_TICK_S)  # the GIL is the fetch loops' meanwhile
+            self._tick.clear()
             self._connection.process_data_events(time_limit=0)
         else:
             with self._done_lock:
@@ -331,6 +331,8 @@ class Worker:
             self._completed.append((delivery, outcome))
             wake = not self._ticking and not self._wake_scheduled
             self._wake_scheduled = self._wake_scheduled or wake
+            if self._ticking and len(self._completed) == self._tick_batch:
+                self._tick.set()  # unacked outcomes would soon starve the prefetch window
         if wake:
             try:
                 connection.add_callback_threadsafe(self._drain_completed)

@@ -56,7 +56,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 COPY common/ops/native.py common/ops/native.py
-COPY common/work/_text_measure.c common/work/_links.c common/work/
+COPY common/work/_text_measure.c common/work/_links.c common/work/_module.h common/work/
 RUN python common/ops/native.py --optional \
     && mkdir /native && find common -name '*.so' -exec cp {} /native/ \;
 

@@ -17,6 +17,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "_module.h"
 #include <string.h>
 
 static int
@@ -182,12 +184,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_links", "A page's links resolved in C (NOTES #83).", 0, methods,
-};
-
-PyMODINIT_FUNC
-PyInit__links(void)
-{
-    return PyModule_Create(&module);
-}
+FLEET_MODULE(_links, "A page's links resolved in C (NOTES #83).", methods)

@@ -14,6 +14,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_module.h"
+
 /* One character: counted, and appended to ``out`` as UTF-8 unless it is ASCII whitespace. A
  * surrogate code point takes three bytes, as "surrogatepass" writes it. */
 #define MEASURE(ch)                                                                  \
@@ -93,12 +95,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_text_measure", "The text measures' one pass (NOTES #83).", 0, methods,
-};
-
-PyMODINIT_FUNC
-PyInit__text_measure(void)
-{
-    return PyModule_Create(&module);
-}
+FLEET_MODULE(_text_measure, "The text measures' one pass (NOTES #83).", methods)

@@ -147,13 +147,15 @@ def test_the_c_links_pass_on_what_resolve_raises(native_links):
 def test_the_builder_compiles_an_importable_module_beside_its_source(tmp_path: Path):
     module, source = native.MODULES[0]  # the text measures
     (tmp_path / source).parent.mkdir(parents=True)
-    shutil.copy(native.ROOT / source, tmp_path / source)
+    for name in (source, *native.HEADERS):
+        shutil.copy(native.ROOT / name, tmp_path / name)
 
     target = native.build(module, source, root=tmp_path)
 
     assert target.parent == (tmp_path / source).parent
     # Nothing else is left beside it (the partial file is renamed into place).
-    assert {p.name for p in target.parent.iterdir()} == {target.name, Path(source).name}
+    assert {p.name for p in target.parent.iterdir()} == {
+        target.name, Path(source).name, *(Path(h).name for h in native.HEADERS)}
     spec = importlib.util.spec_from_file_location(module, target)
     built = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(built)

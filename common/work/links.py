@@ -157,5 +157,5 @@ def extract_links_python(hrefs: list[str], base: Base,
 
 try:  # built by python -m common.ops.native (bootstrap, the image, pip install .)
     from common.work._links import resolve_all
-except ImportError:
+except ImportError:  # the worker names what is not built at start (common.ops.native.unbuilt)
     resolve_all = None

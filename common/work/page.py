@@ -103,10 +103,8 @@ def solid_text_python(text: str) -> tuple[int, bytes]:
 
 try:  # built by python -m common.ops.native (bootstrap, the image, pip install .)
     from common.work._text_measure import solid_text
-    NATIVE_TEXT_MEASURE = True
-except ImportError:
+except ImportError:  # the worker names what is not built at start (common.ops.native.unbuilt)
     solid_text = solid_text_python
-    NATIVE_TEXT_MEASURE = False
 
 
 def collapse(value: str | None) -> str:

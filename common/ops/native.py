@@ -1,4 +1,4 @@
-"""Builds the fleet's C module in place: ``python -m common.ops.native [--optional]``.
+"""Builds the fleet's C modules in place: ``python -m common.ops.native [--optional]``.
 
 Two modules, each a hot loop of the default page (NOTES #83): ``common/work/_text_measure.c``
 (the text measures' one pass, imported by ``common.work.page``) and ``common/work/_links.c``

@@ -25,8 +25,9 @@
                              dead_lettered:{reason}, regex_timeouts (pages whose rule regexes
                              ran out of RULES_REGEX_TIMEOUT_S), extractor_timeouts and
                              extractor_crashes (EXTRACTOR calls stopped or crashed).
-    content:{url}            STRING, the response cache: zstd-compressed header + body of a
-                             200 response, PX CACHE_TTL_S.
+    content:{url}            STRING, the response cache: a zlib stream (ISA-L deflate level 0)
+                             of a JSON header line and the body of a 200 response, PX
+                             CACHE_TTL_S.
     ratelimit:{domain}       ZSET, sliding log of permits (score = Redis ms clock), PX window.
     ratelimit:{domain}:next  STRING, the domain's next bookable slot (ms), PX.
     throttle:{domain}        HASH, the domain's adaptive throttle (common/web/throttle.py):

@@ -40,10 +40,13 @@ have tinyproxy || [ -x /usr/bin/tinyproxy ] || missing+=(tinyproxy)
 have strace || missing+=(strace)  # tests/ops/test_local_secrets.py traces every execve
 # The C text measures (common/work/_text_measure.c, NOTES #83), built below into the checkout.
 have cc || missing+=(gcc)
+# Python.h of the Python .venv has or will have: the distribution's (under /usr/include) comes
+# with python3-dev; another Python's headers are its own business (the build then says so).
 headers_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null; }
 for py in .venv/bin/python /usr/bin/python3; do
-    if [ -x "$py" ]; then  # the Python .venv has or will have; Debian's headers: python3-dev
-        [ -e "$(headers_of "$py")/Python.h" ] || [ "$py" != /usr/bin/python3 ] \
+    if [ -x "$py" ]; then
+        include="$(headers_of "$py")"
+        [ -e "$include/Python.h" ] || [ "${include#/usr/include/}" = "$include" ] \
             || missing+=(python3-dev)
         break
     fi

@@ -95,8 +95,8 @@ def build(module: str, source: str, root: Path = ROOT) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--optional", action="store_true",
-                        help="exit 0 when no compiler or Python.h is there (the Python "
-                             "measures are used)")
+                        help="exit 0 when no compiler or Python.h is there (the fleet "
+                             "then runs its Python passes)")
     args = parser.parse_args(argv)
     missing = missing_tools()
     if missing is not None:

@@ -2,9 +2,8 @@
  * extract_links calls resolve_all() and keeps its own Python pass for a checkout where this
  * module is not built; the tests hold the two equal on random hrefs and bases.
  *
- * resolve_all(hrefs, base, origin, directory, base_url, max_links, max_chars, resolve)
- *     -> (links, truncated)
- * is links.extract_links for a base with an origin: the unique resolved links in order, capped
+ * resolve_all(hrefs, base, max_links, max_chars, resolve) -> (links, truncated)
+ * is links.extract_links for a base (links.Base) with an origin: the unique resolved links in order, capped
  * at max_links. An href is resolved here when it is ASCII and printable once its ASCII
  * whitespace ends are stripped, and is one of the shapes nearly every link has:
  *   - "http://..." or "https://..." (lower-case scheme): the href itself, without fragment,
@@ -91,8 +90,6 @@ resolve_plain(PyObject *href, PyObject *origin, PyObject *directory, PyObject *b
     int https = size >= 8 && memcmp(h, "https://", 8) == 0;
     if (https || (size >= 7 && memcmp(h, "http://", 7) == 0)) {
         Py_ssize_t host = start + (https ? 8 : 7);
-        if (cut - start > max_chars)
-            Py_RETURN_NONE;
         if (host >= cut || s[host] == '/' || s[host] == '?' || s[host] == '\\')
             Py_RETURN_NONE; /* no host */
         return joined(NULL, s, start, cut, max_chars);
@@ -112,22 +109,30 @@ resolve_plain(PyObject *href, PyObject *origin, PyObject *directory, PyObject *b
 static PyObject *
 resolve_all(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "resolve_all() takes 8 arguments");
+    if (nargs != 5 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "resolve_all(hrefs: list, base, max_links, max_chars, resolve)");
         return NULL;
     }
-    PyObject *hrefs = args[0], *base = args[1], *origin = args[2], *directory = args[3];
-    PyObject *base_url = args[4], *resolve = args[7];
-    if (!PyList_Check(hrefs) || !PyUnicode_Check(origin) || !PyUnicode_Check(directory)
-        || !PyUnicode_Check(base_url)) {
-        PyErr_SetString(PyExc_TypeError, "resolve_all(list, base, str, str, str, int, int, f)");
-        return NULL;
-    }
-    Py_ssize_t max_links = PyLong_AsSsize_t(args[5]);
-    Py_ssize_t max_chars = PyLong_AsSsize_t(args[6]);
+    PyObject *hrefs = args[0], *base = args[1], *resolve = args[4];
+    Py_ssize_t max_links = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t max_chars = PyLong_AsSsize_t(args[3]);
     if (PyErr_Occurred())
         return NULL;
-    PyObject *found = PyList_New(0), *seen = PySet_New(NULL);
+    /* The base's fields, as links.Base holds them (str each). */
+    PyObject *origin = PyObject_GetAttrString(base, "origin");
+    PyObject *directory = PyObject_GetAttrString(base, "directory");
+    PyObject *base_url = PyObject_GetAttrString(base, "url");
+    PyObject *found = NULL, *seen = NULL;
+    if (origin == NULL || directory == NULL || base_url == NULL)
+        goto error;
+    if (!PyUnicode_Check(origin) || !PyUnicode_Check(directory) || !PyUnicode_Check(base_url)) {
+        PyErr_SetString(PyExc_TypeError, "resolve_all(): the base's origin, directory and url "
+                        "must be str");
+        goto error;
+    }
+    found = PyList_New(0);
+    seen = PySet_New(NULL);
     if (found == NULL || seen == NULL)
         goto error;
     int truncated = 0;
@@ -165,22 +170,28 @@ resolve_all(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_DECREF(url);
     }
-    PyObject *links = PyList_AsTuple(found);
+    PyObject *links = PyList_AsTuple(found), *result = NULL;
+    if (links != NULL)
+        result = Py_BuildValue("(NO)", links, truncated ? Py_True : Py_False);
     Py_DECREF(found);
     Py_DECREF(seen);
-    if (links == NULL)
-        return NULL;
-    return Py_BuildValue("(NO)", links, truncated ? Py_True : Py_False);
+    Py_DECREF(origin);
+    Py_DECREF(directory);
+    Py_DECREF(base_url);
+    return result;
 error:
     Py_XDECREF(found);
     Py_XDECREF(seen);
+    Py_XDECREF(origin);
+    Py_XDECREF(directory);
+    Py_XDECREF(base_url);
     return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"resolve_all", (PyCFunction)(void (*)(void))resolve_all, METH_FASTCALL,
-     "resolve_all(hrefs, base, origin, directory, base_url, max_links, max_chars, resolve)"
-     " -> (links, truncated): see common/work/_links.c."},
+     "resolve_all(hrefs, base, max_links, max_chars, resolve) -> (links, truncated): see "
+     "common/work/_links.c."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -136,8 +136,7 @@ def extract_links(hrefs: list[str], base: Base, max_links: int) -> tuple[tuple[s
     the module is built (common/work/_links.c, NOTES #83); it hands every other href to
     :func:`resolve`, and :func:`extract_links_python` is the same loop where it is not built."""
     if resolve_all is not None and base.origin:
-        return resolve_all(hrefs, base, base.origin, base.directory, base.url, max_links,
-                           MAX_URL_CHARS, resolve)
+        return resolve_all(hrefs, base, max_links, MAX_URL_CHARS, resolve)
     return extract_links_python(hrefs, base, max_links)
 
 

@@ -49,6 +49,7 @@ WAITING=(
     tests/sink/test_assets_sinks.py
     tests/test_adaptive_politeness.py
     tests/test_redis_cluster_fleet.py
+    tests/ops/test_dlq_cluster.py
 )
 
 split=1

@@ -93,8 +93,7 @@ def dlq_main(settings: Settings, argv: list[str] | None = None, prog: str | None
             print(f"{len(letters)} shown; by reason: {dlq.count_by_reason(letters)}")
             return cli.EXIT_OK
         if args.command == "replay":
-            summary = dlq.replay(settings, connection,
-                                 connect_redis(settings, not_on_cluster="dlq replay"),
+            summary = dlq.replay(settings, connection, connect_redis(settings),
                                  reason=args.reason, limit=args.limit, job=args.job)
             print(f"replayed={summary.matched} unreplayable={summary.skipped_unreplayable} "
                   f"kept={sum(summary.refused.values())} {summary.produced.line()}")

@@ -21,6 +21,10 @@ refused and stays in the queue (its run has counted it as failed; a new run seed
 What the letter counted in its run (``known``, ``failed``, ``failed:{reason}``) is taken back
 as its marks go, so the run's counters stay exact and its ``limits.pages`` is not spent twice
 on one URL.
+
+On a Redis Cluster the default job's letters are replayed as on one node (each call's keys in
+one hash slot: the robots entries one script call per slot, docs/design-redis-cluster.md); a
+job's letters are refused there and stay in the queue, as jobs do not run on a cluster.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from common.core.errors import BadMessage, InvalidURL
 from common.core.urls import canonicalize, fingerprint, job_fingerprint
 from common.intake.producer import Producer, ProduceSummary
 from common.jobs.registry import JobRef, JobRegistry, JobStateError
+from common.store import slots
 from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import failures_key, job_run_key
 from common.web.robots import forget_failures, origin_of
@@ -77,7 +82,8 @@ class ReplaySummary:
     matched: int = 0
     skipped_unreplayable: int = 0
     produced: ProduceSummary = field(default_factory=ProduceSummary)
-    #: letters of a run that is not running, left in the queue: why, and how many
+    #: letters of a run that is not running (any job's on a cluster), left in the queue:
+    #: why, and how many
     refused: dict[str, int] = field(default_factory=dict)
 
 
@@ -143,8 +149,8 @@ def replay(settings: Settings, connection: pika.BlockingConnection, client: redi
     """Send matching dead letters back through routing, each into its own job's run (the
     default job's as before); ack each once it is re-published. ``job``: that job's only.
 
-    A job's letter is replayed only while its run is the job's running one; the others stay
-    in the queue, counted in ``refused`` by why.
+    A job's letter is replayed only while its run is the job's running one, and never on a
+    Redis Cluster; the others stay in the queue, counted in ``refused`` by why.
     """
     summary = ReplaySummary()
     channel = connection.channel()
@@ -280,6 +286,8 @@ def _into_run(settings: Settings, client: redis.Redis, producer: Producer,
 
 def _refusal(registry: JobRegistry, ref: JobRef) -> str | None:
     """Why a dead letter of ``ref`` cannot go back into its run; None when it can."""
+    if slots.cluster():  # a run's counters are fleet-wide: FORGET_LUA would be CROSSSLOT
+        return f"job {ref.name}: jobs do not run on a Redis Cluster (docs/design-redis-cluster.md)"
     try:
         state = registry.state(ref.name)
     except JobStateError:
@@ -300,7 +308,7 @@ def _forget(urls: list[str], settings: Settings, client: redis.Redis) -> None:
             canonical.append(canonicalize(url, max_length=settings.max_url_length))
         except InvalidURL:
             continue  # goes back to the DLQ as invalid_url through the producer
-    if canonical:
+    if canonical:  # a cluster client splits the DEL by slot, the SREM pipelines by node
         client.delete(*(failures_key(url) for url in canonical))
         SeenSet(client, settings.seen_buckets).remove_many([fingerprint(u) for u in canonical])
         DoneSet(client, settings.seen_buckets).forget(canonical)

@@ -48,9 +48,11 @@ from urllib.parse import urlsplit
 
 import redis
 from protego import Protego
+from redis.cluster import key_slot
 
 from common.core.config import Settings
 from common.core.errors import FetchError
+from common.store import slots
 from common.store.keys import robots_key, robots_lock_key
 from common.web.fetch import Fetcher, FetchResult
 from common.web.robots_rules import deep_size, reduce
@@ -328,10 +330,21 @@ return gone
 """
 
 
+def forget_failures_calls(origins: Iterable[str]) -> list[list[str]]:
+    """The keys of each FORGET_FAILURES_LUA call: one call, on a cluster one per hash slot."""
+    groups: dict[int, list[str]] = {}
+    for key in sorted({robots_key(origin) for origin in origins}):
+        groups.setdefault(key_slot(key.encode()) if slots.cluster() else 0, []).append(key)
+    return list(groups.values())
+
+
 def forget_failures(client: redis.Redis, origins: Iterable[str]) -> int:
     """Delete the fleet's "unavailable"/"failed" robots entries of ``origins`` (what ``dlq
     replay`` needs: the replayed URLs then fetch robots.txt afresh); returns how many."""
-    keys = sorted({robots_key(origin) for origin in origins})
-    if not keys:
-        return 0
-    return int(client.eval(FORGET_FAILURES_LUA, len(keys), *keys))
+    calls = forget_failures_calls(origins)
+    if not slots.cluster():
+        return sum(int(client.eval(FORGET_FAILURES_LUA, len(keys), *keys)) for keys in calls)
+    pipe = client.pipeline(transaction=False)  # each primary's calls sent at once
+    for keys in calls:  # by name: the cluster pipeline refuses eval()
+        pipe.execute_command("EVAL", FORGET_FAILURES_LUA, len(keys), *keys)
+    return sum(int(gone) for gone in pipe.execute())

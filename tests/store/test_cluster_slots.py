@@ -31,6 +31,7 @@ from common.store.keys import (
     cookie_jar_key,
     poison_key,
     rate_log_key,
+    robots_key,
     session_pool_key,
     throttle_key,
     worker_key,
@@ -38,6 +39,7 @@ from common.store.keys import (
 from common.store.marks import DoneMark
 from common.store.results import record_keys
 from common.web.ratelimit import admit_keys
+from common.web.robots import forget_failures_calls, origin_of
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A client these tests never send a command through: only key names are built.
@@ -51,13 +53,13 @@ PLACED = {
     "store/dedupe.py:CLAIM_UNSEEN_LUA", "store/dedupe.py:SEEN_UNCLAIM_LUA",
     "store/dedupe.py:RELEASE_LUA", "work/expired.py:RELEASE_LUA",
     "web/sessions.py:OPEN_LUA", "web/sessions.py:RETIRE_LUA", "web/sessions.py:SAVE_LUA",
-    "intake/crawl.py:SPEND_LUA",
+    "intake/crawl.py:SPEND_LUA", "web/robots.py:FORGET_FAILURES_LUA",
 }
-#: Scripts of paths that refuse a cluster (jobs, scheduler, deferral, dlq replay).
+#: Scripts of paths that refuse a cluster (jobs, scheduler, deferral, a job's dlq replay).
 REFUSED = {
     "jobs/runner.py:REOPEN_LUA", "jobs/registry.py:START_LUA", "jobs/registry.py:MOVE_LUA",
     "jobs/webhooks.py:QUEUE_LUA", "jobs/webhooks.py:TAKE_LUA", "ops/dlq.py:FORGET_LUA",
-    "ops/dlq.py:UNDO_LUA", "web/robots.py:FORGET_FAILURES_LUA", "work/steps/admit.py:PARK_LUA",
+    "ops/dlq.py:UNDO_LUA", "work/steps/admit.py:PARK_LUA",
     "intake/recrawler.py:HOLD_LUA", "intake/recrawler.py:RELEASE_LUA",
     "intake/schedule_scripts.py:ADD_LUA", "intake/schedule_scripts.py:TAKE_LUA",
     "intake/schedule_scripts.py:SETTLE_LUA", "intake/schedule_scripts.py:LEARN_LUA",
@@ -136,6 +138,19 @@ def test_the_fleet_wide_parts_and_heartbeats_are_spread_or_together_as_designed(
     assert all(_one_slot([slots.part(name, s) for name in (RESULTS_STREAM, SINKS, COUNTERS)])
                for s in range(slots.SHARDS))
     assert _one_slot([worker_key("a"), worker_key("b")]), "heartbeats: one MGET"
+
+
+def test_the_robots_forget_script_is_called_once_per_slot_on_a_cluster_once_on_one_node(
+        cluster_mode):
+    origins = {origin_of(url) for url in _urls()} | {f"http://127.0.0.{n}:80{n}"
+                                                       for n in range(1, 60)}
+    calls = forget_failures_calls(origins)
+    assert all(_one_slot(keys) for keys in calls), calls
+    assert sorted(key for keys in calls for key in keys) == sorted(map(robots_key, origins))
+    assert len(calls) == len({key_slot(robots_key(o).encode()) for o in origins}) > 100
+    slots.set_cluster(False)
+    assert forget_failures_calls(["http://b.test", "http://a.test"]) == [
+        ["robots:http://a.test", "robots:http://b.test"]], "one call for every origin"
 
 
 def test_outside_cluster_mode_every_key_keeps_its_single_node_name():

@@ -21,6 +21,7 @@ import pika.exceptions
 import redis
 
 from common.core.config import Settings
+from common.store.keys import schedule_key
 from common.web.multi import FetchLoop
 from common.work.loop_redis import loop_client_options
 from common.work.processor import Processor
@@ -77,6 +78,25 @@ def start_worker_process(settings: Settings, *args: str, env: dict[str, str] | N
                             text=True, **popen)
     proc.log_file = log  # type: ignore[attr-defined]
     return proc
+
+
+def start_scheduler(settings: Settings, worker_id: str, env: dict[str, str]) -> subprocess.Popen:
+    """``python scheduler.py run`` against the test services (``settings``' RabbitMQ and
+    Redis), its output in a file, as :func:`start_worker_process`."""
+    full_env = dict(os.environ, **TEST_ENV, RABBITMQ_URL=settings.rabbitmq_url,
+                    REDIS_URL=settings.redis_url, PYTHONUNBUFFERED="1", WORKER_ID=worker_id,
+                    **env)
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([sys.executable, "scheduler.py", "run"], cwd=REPO_ROOT,
+                            env=full_env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.log_file = log  # type: ignore[attr-defined]
+    return proc
+
+
+def leader_id(client: redis.Redis) -> str | None:
+    """WORKER_ID of the lease holder (the lease is ``token:WORKER_ID/suffix``)."""
+    held = client.get(schedule_key("lease"))
+    return held.decode().split(":", 1)[1].split("/")[0] if held else None
 
 
 @contextmanager

@@ -9,6 +9,9 @@ a third of the farm is crawled; once its replica is promoted the killed node is 
 satisfied again. Then: every URL ends with exactly one result, none twice; the seen-set came
 through, so the same URLs seeded again are all duplicates. It also prints Redis's CPU per page
 per primary (docs/design-redis-cluster.md, capacity).
+
+Also on the cluster: a files sink exports every shard's results once, and two recrawl
+schedulers, the leader killed while it holds a batch, revisit every URL and learn each visit.
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from common.core.config import Settings, load_settings
 from common.core.errors import REDIS_UNAVAILABLE
 from common.core.urls import canonicalize, fingerprint
 from common.intake.producer import Producer
+from common.intake.schedule import Schedule
 from common.store import slots
 from common.store.backlog import read_fill
 from common.store.connection import connect_redis
 from common.store.dedupe import HELD, TAKEN, Claims, SeenSet
-from common.store.keys import FAILURES_STREAM, RESULTS_STREAM
+from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, schedule_key
 from devtools.services import reset_state
 from devtools.services.redis_cluster import RedisClusterGroup
 from devtools.testsite import TestSite, running_sites
@@ -40,9 +44,11 @@ from tests.helpers import (
     TEST_ENV,
     drain,
     files_sink_process,
+    leader_id,
     output_of,
     own_channel,
     queue_depth,
+    start_scheduler,
     start_worker_process,
     stop_workers,
     wait_for,
@@ -214,6 +220,61 @@ def test_a_files_sink_on_a_cluster_exports_every_shard_s_results_once_and_drains
     parts = {line["stream"] for line in exported}
     assert len(parts) > 1 and {slots.whole(p) for p in parts} == {RESULTS_STREAM}, parts
     assert fill.lengths[RESULTS_STREAM] <= len(urls), "the parts' lengths summed per stream"
+
+
+def test_the_recrawl_scheduler_on_a_cluster_revisits_every_url_through_a_killed_leader(
+        services, cluster, farm):
+    cluster.heal()
+    cluster.flush()
+    settings = load_settings({**TEST_ENV, **cluster.env, "RABBITMQ_URL": services.rabbitmq_url})
+    reset_state(services.rabbitmq_url, services.redis_url, purge=True)
+    client = connect_redis(settings)
+    pages = {canonicalize(site.page_url(n)): (site, f"/page/{n}") for site in farm
+             for n in range(1, 6)}
+    urls = list(pages)
+    schedule = Schedule(client, settings.with_overrides(schedule_min_interval_s=1))
+    assert schedule.add([(url, 1, 0) for url in urls], replace=True).added == len(urls)
+    env = {"SCHEDULE_LEASE_S": "1", "SCHEDULE_INTERVAL_S": "1", "SCHEDULE_MIN_INTERVAL_S": "1",
+           "SCHEDULE_MAX_INTERVAL_S": "1", "SCHEDULE_BATCH": "7"}
+    schedulers = {name: start_scheduler(settings, name, env) for name in ("cl-a", "cl-b")}
+    worker = start_worker_process(settings, "--concurrency", "8",
+                                  env={"WORKER_ID": "cluster-recrawl-w", "CACHE_TTL_S": "0"})
+    procs = [*schedulers.values(), worker]
+
+    def visits() -> Counter[str]:  # the sites' request logs: the results stream is trimmed
+        return Counter({url: site.count(path) for url, (site, path) in pages.items()})
+
+    try:
+        assert wait_for(lambda: leader_id(client) is not None, 30), \
+            [output_of(p)[-2000:] for p in procs]
+        first = leader_id(client)
+        # kill -9 the leader while it holds a batch: taken, maybe published, not rescheduled
+        assert wait_for(lambda: client.hlen(schedule_key("inflight")) > 0, 20, step_s=0.001)
+        schedulers[first].kill()
+        held = {url.decode() for url in client.hkeys(schedule_key("inflight"))}
+        at_kill = visits()
+        other = next(name for name in schedulers if name != first)
+        assert wait_for(lambda: leader_id(client) == other, 10, step_s=0.01)
+        assert wait_for(lambda: all(visits()[url] >= at_kill[url] + 2 for url in urls), 60), \
+            (visits(), [output_of(p)[-2000:] for p in procs])
+        assert wait_for(lambda: all(schedule.entry(url)["visits"] >= 2 for url in urls), 20), \
+            ([schedule.entry(url) for url in urls[:3]], output_of(schedulers[other])[-3000:])
+        schedulers[other].send_signal(signal.SIGTERM)
+        assert schedulers[other].wait(15) == 0, output_of(schedulers[other])[-3000:]
+        logs = "\n".join(output_of(p) for p in procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    assert "CROSSSLOT" not in logs and "Traceback" not in logs, logs[-3000:]
+    assert "without the job runner" in output_of(schedulers[other])
+    assert held and all(visits()[url] >= at_kill[url] + 2 for url in held)  # none skipped
+    assert client.get(schedule_key("lease")) is None  # given up on a clean stop
+    assert client.zcard(schedule_key("due")) == len(urls)  # every URL still scheduled
+    assert client.hlen(schedule_key("inflight")) == 0
+    assert schedule.remove(urls[:3]) == 3 and schedule.entry(urls[0]) is None  # MULTI: one slot
+    assert schedule.status()["scheduled"] == len(urls) - 3
 
 
 def _cpu_per_page(before: dict, after: dict, pages: int, when: str = "before the kill") -> str:

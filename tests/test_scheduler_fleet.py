@@ -4,11 +4,8 @@ a loopback site by real worker threads whose intervals adapt to how the pages ch
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -19,34 +16,21 @@ import pytest
 import redis
 
 from common.broker.messages import WorkMessage
-from common.core.config import Settings
 from common.intake.schedule import Schedule
-from common.store.keys import SCHEDULE_DUE, SCHEDULE_INFLIGHT, SCHEDULE_LEASE, SINKS
+from common.store.keys import SINKS, schedule_key
 from devtools.testsite import RequestRecord, TestSite
 from tests.helpers import (
-    REPO_ROOT,
-    TEST_ENV,
     WorkerThread,
     drain,
+    leader_id,
     output_of,
     publish_raw,
     results,
+    start_scheduler,
     wait_for,
 )
 
 LEASE_S = 1.0
-
-
-def start_scheduler(settings: Settings, worker_id: str, env: dict[str, str]) -> subprocess.Popen:
-    """``python scheduler.py run`` against the test services, its output in a file."""
-    full_env = dict(os.environ, **TEST_ENV, RABBITMQ_URL=settings.rabbitmq_url,
-                    REDIS_URL=settings.redis_url, PYTHONUNBUFFERED="1", WORKER_ID=worker_id,
-                    **env)
-    log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([sys.executable, "scheduler.py", "run"], cwd=REPO_ROOT,
-                            env=full_env, stdout=log, stderr=subprocess.STDOUT, text=True)
-    proc.log_file = log  # type: ignore[attr-defined]
-    return proc
 
 
 @pytest.fixture
@@ -57,12 +41,6 @@ def processes() -> Iterator[list[subprocess.Popen]]:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-
-
-def leader_id(client: redis.Redis) -> str | None:
-    """WORKER_ID of the lease holder (the lease is ``token:WORKER_ID/suffix``)."""
-    held = client.get(SCHEDULE_LEASE)
-    return held.decode().split(":", 1)[1].split("/")[0] if held else None
 
 
 def redis_ms(client: redis.Redis) -> int:
@@ -86,12 +64,12 @@ def test_one_of_two_schedulers_leads_and_a_killed_leader_is_replaced_within_the_
     other = next(name for name in procs if name != first)
     time.sleep(3)
     # kill -9 the leader while it holds a batch: taken, maybe published, not rescheduled
-    assert wait_for(lambda: redis_client.hlen(SCHEDULE_INFLIGHT) > 0, timeout_s=10,
+    assert wait_for(lambda: redis_client.hlen(schedule_key("inflight")) > 0, timeout_s=10,
                     step_s=0.001)
     procs[first].kill()
     killed = time.monotonic()
     held = {(url.decode(), int(entry.split(b":")[1]))
-            for url, entry in redis_client.hgetall(SCHEDULE_INFLIGHT).items()}
+            for url, entry in redis_client.hgetall(schedule_key("inflight")).items()}
     assert "re-enqueued" not in output_of(procs[other])  # it stood by while the first led
     assert wait_for(lambda: leader_id(redis_client) == other, timeout_s=10, step_s=0.01)
     takeover_s = time.monotonic() - killed
@@ -100,7 +78,7 @@ def test_one_of_two_schedulers_leads_and_a_killed_leader_is_replaced_within_the_
     procs[other].send_signal(signal.SIGTERM)
     assert procs[other].wait(15) == 0, output_of(procs[other])
     ended_ms = redis_ms(redis_client)
-    assert redis_client.get(SCHEDULE_LEASE) is None  # given up on a clean stop
+    assert redis_client.get(schedule_key("lease")) is None  # given up on a clean stop
 
     bodies = [body for _m, _p, body in drain(amqp_channel, "url_queue_ttl")]
     sent = [WorkMessage.from_json(body) for body in bodies]
@@ -120,8 +98,8 @@ def test_one_of_two_schedulers_leads_and_a_killed_leader_is_replaced_within_the_
         # no skip: a due time is late by at most the start-up or the takeover, plus a tick
         assert max(gaps) <= interval_ms + max(startup_ms, takeover_s * 1000) + 1000, gaps
         assert times[0] <= started_ms + 2000 and times[-1] >= ended_ms - 4000, (url, times)
-    assert redis_client.zcard(SCHEDULE_DUE) == n_urls  # every URL still scheduled
-    assert redis_client.hlen(SCHEDULE_INFLIGHT) == 0
+    assert redis_client.zcard(schedule_key("due")) == n_urls  # every URL still scheduled
+    assert redis_client.hlen(schedule_key("inflight")) == 0
     # A worker turns every due time into exactly one visit: a second copy is acked unfetched
     # (one fetch thread, so copies never race; racing copies still give one result, #14).
     publish_raw(settings, "url_queue_ttl", bodies)

@@ -51,7 +51,8 @@ from common.core.urls import fingerprint
 from common.intake.producer import Producer, _Accepted
 from common.intake.schedule import AddSummary, Due, Schedule, observation, validators
 from common.intake.sitemaps import SitemapReader, SiteReport, produce_site
-from common.store.keys import RESULTS_STREAM, SCHEDULE_FENCE, SCHEDULE_LEASE
+from common.store.keys import RESULTS_STREAM, schedule_key
+from common.store.slots import whole
 
 logger = logging.getLogger(__name__)
 
@@ -127,9 +128,9 @@ class Lease:
     ``schedule:fence``."""
 
     def __init__(self, client: redis.Redis, ttl_ms: int, owner: str | None = None,
-                 key: str = SCHEDULE_LEASE) -> None:
+                 key: str | None = None) -> None:
         self.client = client
-        self.key = key
+        self.key = key or schedule_key("lease")
         self.ttl_ms = ttl_ms
         self.owner = owner or uuid.uuid4().hex
         self._hold = client.register_script(HOLD_LUA)
@@ -137,7 +138,7 @@ class Lease:
 
     def hold(self) -> int:
         """Take or renew the lease: the fencing token, or 0 when another replica holds it."""
-        return int(self._hold(keys=[self.key, SCHEDULE_FENCE], args=[self.owner,
+        return int(self._hold(keys=[self.key, schedule_key("fence")], args=[self.owner,
                                                                     self.ttl_ms]))
 
     def release(self) -> bool:
@@ -212,7 +213,8 @@ class Learner:
     def write(self, entries: list[Any]) -> None:
         self.schedule.learn((e.record["url"], e.id, *observation(e.record),
                              *validators(e.record)) for e in entries
-                            if e.stream == RESULTS_STREAM and isinstance(e.record.get("url"), str))
+                            if whole(e.stream) == RESULTS_STREAM  # a cluster's: its part
+                            and isinstance(e.record.get("url"), str))
 
     def close(self) -> None:
         """Nothing to close: every batch is in Redis when write returns."""

@@ -45,12 +45,7 @@ from common.core.config import Settings
 from common.core.errors import ConfigError, InvalidURL
 from common.core.urls import canonicalize
 from common.intake.schedule_scripts import ADD_LUA, LEARN_LUA, SETTLE_LUA, TAKE_LUA
-from common.store.keys import (
-    SCHEDULE_DUE,
-    SCHEDULE_INFLIGHT,
-    SCHEDULE_LEASE,
-    SCHEDULE_STATE,
-)
+from common.store.keys import ScheduleKey, schedule_key
 from common.web.curl import sendable
 
 ADD_BATCH = 1000
@@ -174,7 +169,7 @@ class Schedule:
         return summary
 
     def _add_batch(self, batch: list[Any], replace: bool, summary: AddSummary) -> None:
-        added, updated = self._add(keys=[SCHEDULE_STATE, SCHEDULE_DUE, SCHEDULE_INFLIGHT],
+        added, updated = self._add(keys=_keys("state", "due", "inflight"),
                                    args=["1" if replace else "0", *batch])
         summary.added += added
         summary.updated += updated
@@ -184,7 +179,7 @@ class Schedule:
         """Move up to ``limit`` due URLs (first those an older token left in flight at least
         ``stale_ms`` ago) into ``schedule:inflight`` under ``token``. None: the lease is not
         ``token``'s (deposed), nothing was taken."""
-        flat = self._take(keys=[SCHEDULE_LEASE, SCHEDULE_DUE, SCHEDULE_INFLIGHT, SCHEDULE_STATE],
+        flat = self._take(keys=_keys("lease", "due", "inflight", "state"),
                           args=[token, limit, stale_ms])
         if flat is None:
             return None
@@ -202,7 +197,7 @@ class Schedule:
     def _settle_as(self, token: int, mode: str, urls: list[str]) -> int:
         if not urls:
             return 0
-        return int(self._settle(keys=[SCHEDULE_INFLIGHT, SCHEDULE_DUE, SCHEDULE_STATE],
+        return int(self._settle(keys=_keys("inflight", "due", "state"),
                                 args=[token, mode, *urls]))
 
     def learn(self, observations: Iterable[tuple[str, ...]]) -> int:
@@ -213,7 +208,7 @@ class Schedule:
         if not args:
             return 0
         s = self.settings
-        return int(self._learn(keys=[SCHEDULE_STATE, SCHEDULE_DUE],
+        return int(self._learn(keys=_keys("state", "due"),
                                args=[self.min_s, self.max_s, s.schedule_growth,
                                      s.schedule_shrink, *args]))
 
@@ -223,17 +218,17 @@ class Schedule:
         if not urls:
             return 0
         pipe = self.client.pipeline(transaction=True)
-        pipe.hdel(SCHEDULE_STATE, *urls)
-        pipe.zrem(SCHEDULE_DUE, *urls)
+        pipe.hdel(schedule_key("state"), *urls)
+        pipe.zrem(schedule_key("due"), *urls)
         return int(pipe.execute()[0])
 
     def entry(self, raw_url: str) -> dict[str, Any] | None:
         """One URL's schedule: interval_s, next_visit (epoch s), in_flight, visits, changes."""
         url = canonicalize(raw_url, max_length=self.settings.max_url_length)
         pipe = self.client.pipeline(transaction=False)
-        pipe.hget(SCHEDULE_STATE, url)
-        pipe.zscore(SCHEDULE_DUE, url)
-        pipe.hexists(SCHEDULE_INFLIGHT, url)
+        pipe.hget(schedule_key("state"), url)
+        pipe.zscore(schedule_key("due"), url)
+        pipe.hexists(schedule_key("inflight"), url)
         raw, score, in_flight = pipe.execute()
         if raw is None:
             return None
@@ -248,13 +243,18 @@ class Schedule:
         now_s, now_us = self.client.time()
         now_ms = now_s * 1000 + now_us // 1000
         pipe = self.client.pipeline(transaction=False)
-        pipe.hlen(SCHEDULE_STATE)
-        pipe.zcount(SCHEDULE_DUE, "-inf", now_ms)
-        pipe.hlen(SCHEDULE_INFLIGHT)
-        pipe.zrange(SCHEDULE_DUE, 0, 0, withscores=True)
-        pipe.get(SCHEDULE_LEASE)
+        pipe.hlen(schedule_key("state"))
+        pipe.zcount(schedule_key("due"), "-inf", now_ms)
+        pipe.hlen(schedule_key("inflight"))
+        pipe.zrange(schedule_key("due"), 0, 0, withscores=True)
+        pipe.get(schedule_key("lease"))
         scheduled, due, in_flight, first, lease = pipe.execute()
         return {"scheduled": scheduled, "due": due, "in_flight": in_flight,
                 "next_visit_in_s": round(max(0.0, first[0][1] - now_ms) / 1000, 1)
                 if first else None,
                 "leader": _text(lease) if lease else None}
+
+
+def _keys(*names: ScheduleKey) -> list[str]:
+    """The schedule's keys a script is given, by name (one slot on a cluster)."""
+    return [schedule_key(name) for name in names]

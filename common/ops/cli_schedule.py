@@ -25,6 +25,7 @@ from common.jobs.runner import JobRunner, JobsLease
 from common.ops import cli
 from common.ops.cli_seed import iter_inputs
 from common.sink.reader import SinkReader, run_sink
+from common.store import slots
 from common.store.connection import connect_redis
 
 logger = logging.getLogger(__name__)
@@ -58,17 +59,18 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
 def run(settings: Settings, schedule: Schedule) -> int:
     """The recrawl scheduler and, in a thread beside it, the job runner (each leads through
     its own lease); a job runner that fails stops the process (exit 1), never leaving a
-    scheduler up that no longer runs jobs."""
+    scheduler up that no longer runs jobs. On a Redis Cluster, where jobs are refused
+    (common/ops/cli_job.py), the scheduler alone."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     client = schedule.client
     owner = f"{settings.worker_id}/{uuid.uuid4().hex[:8]}"
-    runner = JobRunner(settings, client, JobsLease(client, int(settings.schedule_lease_s * 1000),
-                                                   owner=owner))
     failed: list[BaseException] = []
 
     def run_jobs() -> None:
+        runner = JobRunner(settings, client, JobsLease(
+            client, int(settings.schedule_lease_s * 1000), owner=owner))
         try:
             runner.run(stop)
         except BaseException as exc:
@@ -77,7 +79,11 @@ def run(settings: Settings, schedule: Schedule) -> int:
             stop.set()
 
     jobs = threading.Thread(target=run_jobs, name="jobs")
-    jobs.start()
+    if slots.cluster():
+        logger.info("Redis Cluster: the recrawl scheduler runs without the job runner "
+                    "(jobs do not run on a cluster yet)")
+    else:
+        jobs.start()
 
     def learn(done: threading.Event) -> None:
         reader = SinkReader(client, rc.SINK_NAME, batch=settings.sink_batch)
@@ -89,7 +95,8 @@ def run(settings: Settings, schedule: Schedule) -> int:
             code = rc.Recrawler(settings, schedule, lease, producer, learn).run(stop)
     finally:
         stop.set()
-        jobs.join()
+        if jobs.is_alive():
+            jobs.join()
     return 1 if failed else code
 
 
@@ -97,8 +104,7 @@ def schedule_main(settings: Settings, argv: list[str] | None = None,
                   prog: str | None = None) -> int:
     """``scheduler.py`` / ``scrape-fleet schedule``."""
     args = parse_args(argv, prog)
-    schedule = Schedule(connect_redis(settings, not_on_cluster="the recrawl scheduler"),
-                        settings)
+    schedule = Schedule(connect_redis(settings), settings)
     if args.command == "run":
         return run(settings, schedule)
     if args.command == "add":

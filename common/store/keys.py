@@ -156,10 +156,13 @@ touches share a hash tag after their prefix: a domain's keys and the admit/recor
 per-URL keys that of the domain's shard (``ratelimit:{s3.54}:example.com``,
 ``done:{s3.54}:1f``); a seen bucket and its URLs' claims that of the bucket's shard; results,
 failures, assets, stats:counters, throttled and sinks have one part per shard
-(``results:{s3.54}``); heartbeats share ``{workers}``. Outside cluster mode, the names above.
+(``results:{s3.54}``); heartbeats share ``{workers}``, the recrawl schedule's keys
+``{schedule}``. Outside cluster mode, the names above.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from common.store.slots import bucket_shard, cluster, domain_shard, tag, url_shard
 
@@ -236,11 +239,15 @@ def deferred_next_key(domain: str) -> str:
     return f"deferred:next:{domain}"
 
 
-SCHEDULE_DUE = "schedule:due"
-SCHEDULE_INFLIGHT = "schedule:inflight"
-SCHEDULE_STATE = "schedule:state"
-SCHEDULE_LEASE = "schedule:lease"
-SCHEDULE_FENCE = "schedule:fence"
+ScheduleKey = Literal["due", "inflight", "state", "lease", "fence"]
+
+
+def schedule_key(name: ScheduleKey) -> str:
+    """``schedule:{name}``; on a cluster ``schedule:{schedule}:{name}``: the recrawl
+    scheduler's scripts touch its keys together, so they share one slot."""
+    return f"schedule:{'{schedule}:' if cluster() else ''}{name}"
+
+
 WORKERS_PREFIX = "workers:"
 
 

@@ -25,7 +25,7 @@ from common.intake.recrawler import (
 from common.intake.schedule import Schedule, observation, validators
 from common.intake.sitemap_files import Entry
 from common.sink.reader import Entry as StreamEntry
-from common.store.keys import SCHEDULE_DUE, SCHEDULE_INFLIGHT, SCHEDULE_LEASE, SCHEDULE_STATE
+from common.store.keys import schedule_key
 from devtools.testsite import TestSite
 from tests.helpers import drain
 from tests.intake.sitemap_bodies import NS
@@ -107,7 +107,7 @@ def test_a_change_moves_the_next_visit_to_now_plus_the_new_interval(schedule, re
     schedule.add([(URL, 1000, 0)], replace=True)
     visits(schedule, ["a", "b"])
     now_s = redis_client.time()[0]
-    assert redis_client.zscore(SCHEDULE_DUE, URL) / 1000 == pytest.approx(now_s + 530, abs=2)
+    assert redis_client.zscore(schedule_key("due"), URL) / 1000 == pytest.approx(now_s + 530, abs=2)
 
 
 def test_results_of_urls_not_scheduled_are_ignored(schedule, redis_client):
@@ -115,7 +115,7 @@ def test_results_of_urls_not_scheduled_are_ignored(schedule, redis_client):
     learner.write([StreamEntry("results", "5-0", {"url": URL, "status": 200,
                                                   "content_hash": "a"}),
                    StreamEntry("failures", "6-0", {"url": URL, "outcome": "dead_letter"})])
-    assert schedule.entry(URL) is None and redis_client.zcard(SCHEDULE_DUE) == 0
+    assert schedule.entry(URL) is None and redis_client.zcard(schedule_key("due")) == 0
 
 
 # -- validators (conditional requests) -------------------------------------------------------
@@ -123,7 +123,7 @@ def test_results_of_urls_not_scheduled_are_ignored(schedule, redis_client):
 
 def stored(redis_client, url: str = URL) -> dict[str, str]:
     """The validators schedule:state holds for ``url`` (its ``e`` and ``m`` fields)."""
-    state = json.loads(redis_client.hget(SCHEDULE_STATE, url))
+    state = json.loads(redis_client.hget(schedule_key("state"), url))
     return {k: state[k] for k in ("e", "m") if k in state}
 
 
@@ -165,7 +165,7 @@ def test_a_new_page_replaces_both_validators_and_a_304_updates_those_it_carries(
 def test_validators_of_an_unscheduled_url_or_an_older_record_are_not_stored(schedule,
                                                                               redis_client):
     learn_records(schedule, {"status": 200, "content_hash": "a", "etag": '"v1"'})
-    assert redis_client.hget(SCHEDULE_STATE, URL) is None  # nothing for an unscheduled URL
+    assert redis_client.hget(schedule_key("state"), URL) is None  # nothing for an unscheduled URL
     schedule.add([(URL, 1000, 0)], replace=True)
     learn_records(schedule, {"status": 200, "content_hash": "a", "etag": '"v2"'},
                   first_ms=2000)
@@ -271,7 +271,7 @@ def test_the_sitemap_command_seeds_and_schedules_with_changefreq(sitemap_site, r
     shown = run_cli("scheduler.py", "show", *urls, env=env)
     assert [e["interval_s"] for e in json.loads(shown.stdout)] == [3600, 7 * 86400, 7200]
     now_s = redis_client.time()[0]
-    assert redis_client.zscore(SCHEDULE_DUE, urls[0]) / 1000 == pytest.approx(now_s + 3600,
+    assert redis_client.zscore(schedule_key("due"), urls[0]) / 1000 == pytest.approx(now_s + 3600,
                                                                               abs=5)
     assert len(drain(amqp_channel, "url_queue_ttl")) == 3  # seeded once, now
 
@@ -287,7 +287,7 @@ def test_one_of_two_replicas_holds_the_lease_and_the_next_holder_gets_a_higher_t
     time.sleep(0.4)       # a stopped renewing: its lease expires by itself
     assert b.hold() == 2 and a.hold() == 0
     assert not a.release() and b.release()
-    assert redis_client.get(SCHEDULE_LEASE) is None and a.hold() == 3
+    assert redis_client.get(schedule_key("lease")) is None and a.hold() == 3
 
 
 def test_a_deposed_leader_takes_nothing_and_settles_nothing(schedule, redis_client):
@@ -295,7 +295,7 @@ def test_a_deposed_leader_takes_nothing_and_settles_nothing(schedule, redis_clie
     old, new = Lease(redis_client, 200, "old"), Lease(redis_client, 200, "new")
     token = old.hold()
     taken = schedule.take(token, 4, stale_ms=200)
-    assert len(taken) == 4 and redis_client.hlen(SCHEDULE_INFLIGHT) == 4
+    assert len(taken) == 4 and redis_client.hlen(schedule_key("inflight")) == 4
     time.sleep(0.3)  # the old leader hangs; its lease expires
     token2 = new.hold()
     assert token2 > token and schedule.take(token, 4, stale_ms=200) is None
@@ -305,7 +305,7 @@ def test_a_deposed_leader_takes_nothing_and_settles_nothing(schedule, redis_clie
     assert len(again) == 10 and len({d.url for d in again}) == 10
     assert schedule.settle(token, [d.url for d in taken]) == 0  # no longer the old one's
     assert schedule.settle(token2, [d.url for d in again]) == 10
-    assert redis_client.hlen(SCHEDULE_INFLIGHT) == 0 and redis_client.zcard(SCHEDULE_DUE) == 10
+    assert redis_client.hlen(schedule_key("inflight")) == 0 and redis_client.zcard(schedule_key("due")) == 10
 
 
 def test_entries_of_an_older_token_wait_a_lease_before_they_are_taken_over(schedule,
@@ -324,7 +324,7 @@ def test_urls_not_published_go_back_to_their_due_time(schedule, redis_client):
     token = lease.hold()
     [due] = schedule.take(token, 10, stale_ms=5000)
     assert schedule.release(token, [URL]) == 1
-    assert redis_client.zscore(SCHEDULE_DUE, URL) == due.due_ms
+    assert redis_client.zscore(schedule_key("due"), URL) == due.due_ms
     assert schedule.take(token, 10, stale_ms=5000) == [due]  # taken again, same due time
 
 
@@ -345,10 +345,10 @@ def test_a_tick_publishes_due_urls_as_recrawls_with_their_due_time_nonce(
     assert [m.url for m in messages["url_queue_ttl"]] == urls[3:]
     sent = {m.url: m.extra["nonce"] for ms in messages.values() for m in ms}
     assert all(nonce.startswith("sched:") for nonce in sent.values())
-    assert redis_client.hlen(SCHEDULE_INFLIGHT) == 0
+    assert redis_client.hlen(schedule_key("inflight")) == 0
     now_s = redis_client.time()[0]
     for url in urls:  # rescheduled one interval on
-        assert redis_client.zscore(SCHEDULE_DUE, url) / 1000 == pytest.approx(now_s + 100, abs=3)
+        assert redis_client.zscore(schedule_key("due"), url) / 1000 == pytest.approx(now_s + 100, abs=3)
 
 
 def test_the_add_show_and_remove_commands(run_cli, tmp_path, redis_client):
@@ -368,7 +368,7 @@ def test_the_add_show_and_remove_commands(run_cli, tmp_path, redis_client):
     assert run_cli("scheduler.py", "remove", "https://example.test/a").stdout == "removed=1\n"
     bad = run_cli("scheduler.py", "add", "--interval", "soon", "https://example.test/a")
     assert bad.returncode == 2 and "duration" in bad.stderr
-    assert redis_client.zcard(SCHEDULE_DUE) == 1
+    assert redis_client.zcard(schedule_key("due")) == 1
 
 
 def test_due_urls_wait_in_the_schedule_while_the_work_queues_are_full(
@@ -381,6 +381,6 @@ def test_due_urls_wait_in_the_schedule_while_the_work_queues_are_full(
         recrawler.token = lease.hold()
         assert [recrawler.tick(), recrawler.tick()] == [2, 2]
         assert recrawler.tick() == 0 and recrawler.holding  # 4 queued: held back
-        assert redis_client.zcard(SCHEDULE_DUE) == 5 and redis_client.hlen(SCHEDULE_INFLIGHT) == 0
+        assert redis_client.zcard(schedule_key("due")) == 5 and redis_client.hlen(schedule_key("inflight")) == 0
         drain(amqp_channel, "url_queue_ttl")
         assert recrawler.tick() == 1 and not recrawler.holding

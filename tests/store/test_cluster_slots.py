@@ -32,6 +32,7 @@ from common.store.keys import (
     poison_key,
     rate_log_key,
     robots_key,
+    schedule_key,
     session_pool_key,
     throttle_key,
     worker_key,
@@ -54,15 +55,15 @@ PLACED = {
     "store/dedupe.py:RELEASE_LUA", "work/expired.py:RELEASE_LUA",
     "web/sessions.py:OPEN_LUA", "web/sessions.py:RETIRE_LUA", "web/sessions.py:SAVE_LUA",
     "intake/crawl.py:SPEND_LUA", "web/robots.py:FORGET_FAILURES_LUA",
+    "intake/recrawler.py:HOLD_LUA", "intake/recrawler.py:RELEASE_LUA",
+    "intake/schedule_scripts.py:ADD_LUA", "intake/schedule_scripts.py:TAKE_LUA",
+    "intake/schedule_scripts.py:SETTLE_LUA", "intake/schedule_scripts.py:LEARN_LUA",
 }
-#: Scripts of paths that refuse a cluster (jobs, scheduler, deferral, a job's dlq replay).
+#: Scripts of paths that refuse a cluster (jobs, deferral, a job's dlq replay).
 REFUSED = {
     "jobs/runner.py:REOPEN_LUA", "jobs/registry.py:START_LUA", "jobs/registry.py:MOVE_LUA",
     "jobs/webhooks.py:QUEUE_LUA", "jobs/webhooks.py:TAKE_LUA", "ops/dlq.py:FORGET_LUA",
     "ops/dlq.py:UNDO_LUA", "work/steps/admit.py:PARK_LUA",
-    "intake/recrawler.py:HOLD_LUA", "intake/recrawler.py:RELEASE_LUA",
-    "intake/schedule_scripts.py:ADD_LUA", "intake/schedule_scripts.py:TAKE_LUA",
-    "intake/schedule_scripts.py:SETTLE_LUA", "intake/schedule_scripts.py:LEARN_LUA",
     "intake/defer.py:DEFER_LUA", "intake/defer.py:CLAIM_LUA", "intake/defer.py:SETTLE_LUA",
 }
 
@@ -151,6 +152,14 @@ def test_the_robots_forget_script_is_called_once_per_slot_on_a_cluster_once_on_o
     slots.set_cluster(False)
     assert forget_failures_calls(["http://b.test", "http://a.test"]) == [
         ["robots:http://a.test", "robots:http://b.test"]], "one call for every origin"
+
+
+def test_the_recrawl_scheduler_s_keys_share_one_slot_on_a_cluster(cluster_mode):
+    names = ("due", "inflight", "state", "lease", "fence")
+    assert _one_slot([schedule_key(name) for name in names]), "its scripts and its lease"
+    assert schedule_key("due") == "schedule:{schedule}:due"
+    slots.set_cluster(False)
+    assert [schedule_key(name) for name in names] == [f"schedule:{name}" for name in names]
 
 
 def test_outside_cluster_mode_every_key_keeps_its_single_node_name():

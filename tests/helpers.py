@@ -259,11 +259,11 @@ def _drained(settings: Settings) -> bool:
     """Every topology queue empty (ready messages) with at most our one consumer on it, and
     nothing deferred or being released in Redis."""
     from common.broker import topology
-    from common.store.keys import DEFERRED, DEFERRED_INFLIGHT
+    from common.store.keys import deferred_key
 
     client = redis.Redis.from_url(settings.redis_url)
     try:
-        if client.zcard(DEFERRED) or client.zcard(DEFERRED_INFLIGHT):
+        if client.zcard(deferred_key()) or client.zcard(deferred_key("inflight")):
             return False
     finally:
         client.close()

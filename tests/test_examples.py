@@ -23,7 +23,7 @@ from common.broker import topology
 from common.core.config import Settings
 from common.core.urls import canonicalize
 from common.intake.producer import Producer
-from common.store.keys import DEFERRED
+from common.store.keys import deferred_key
 from devtools import example_sites
 from devtools.example_sites import ARTICLES, DOCS, FEATURED, PRODUCTS, example_site
 from devtools.testsite import TestSite
@@ -75,7 +75,7 @@ def crawl_until(settings: Settings, redis_client: Any, procs: list[subprocess.Po
     with own_channel(settings) as channel:  # nothing queued that the test did not expect
         for queue in (topology.NORMAL_QUEUE, topology.PRIORITY_QUEUE, topology.FAILED_QUEUE):
             assert channel.queue_declare(queue=queue, passive=True).method.message_count == 0
-    assert redis_client.zcard(DEFERRED) == 0
+    assert redis_client.zcard(deferred_key()) == 0
     records = results(redis_client)
     per_url = Counter(r["url"] for r in records)
     assert set(per_url) == urls, f"unexpected pages {sorted(set(per_url) - urls)}"

@@ -32,7 +32,7 @@ from common.broker import topology
 from common.broker.messages import WorkMessage
 from common.intake.defer import Pending
 from common.intake.producer import Producer
-from common.store.keys import DEFERRED, DEFERRED_COUNTS, DEFERRED_INFLIGHT
+from common.store.keys import deferred_key
 from devtools.services import reset_state
 from devtools.testsite import TestSite, start_sites
 from tests.helpers import (
@@ -142,8 +142,8 @@ def _big_domain_accounted(settings, redis_client, big: TestSite) -> dict[str, in
     where: dict[str, list[str]] = {
         "fetched": [r["url"] for r in results(redis_client) if big.host in r["url"]],
         "deferred": [Pending.from_member(m).body for m in
-                     redis_client.zrange(DEFERRED, 0, -1) + redis_client.zrange(
-                         DEFERRED_INFLIGHT, 0, -1)]}
+                     redis_client.zrange(deferred_key(), 0, -1) + redis_client.zrange(
+                         deferred_key("inflight"), 0, -1)]}
     where["deferred"] = [WorkMessage.from_json(body).url for body in where["deferred"]]
     with own_channel(settings) as channel:
         # Hold queues first: a message leaves a hold queue only for its work queue.
@@ -155,7 +155,7 @@ def _big_domain_accounted(settings, redis_client, big: TestSite) -> dict[str, in
     every = [url for urls in where.values() for url in urls]
     assert len(every) == len(set(every)) == BIG_URLS, {k: len(v) for k, v in where.items()}
     assert set(every) == {big.page_url(n) for n in range(1, BIG_URLS + 1)}
-    counted = sum(int(v) for v in redis_client.hgetall(DEFERRED_COUNTS).values())
+    counted = sum(int(v) for v in redis_client.hgetall(deferred_key("counts")).values())
     assert counted == len(where["deferred"])
     return {k: len(v) for k, v in where.items()}
 
@@ -164,7 +164,7 @@ def test_a_huge_domain_does_not_starve_twenty_small_ones(services, settings, red
     small, big = farm
     alone = _crawl(services, settings, redis_client, small, None)
     crowded = _crawl(services, settings, redis_client, small, big)
-    deferred_bytes = redis_client.memory_usage(DEFERRED, samples=0) or 0
+    deferred_bytes = redis_client.memory_usage(deferred_key(), samples=0) or 0
     places = _big_domain_accounted(settings, redis_client, big)
     ratio = crowded.elapsed_s / alone.elapsed_s
     print(f"\nDEFER_LEAD_S={LEAD_S}: {SMALL_DOMAINS} small domains x {SMALL_URLS} URLs at "
@@ -219,14 +219,14 @@ def test_a_worker_killed_mid_release_loses_no_deferred_url_and_records_each_once
         victim = start_worker_process(settings, "--concurrency", "4", env=env)
         try:
             # "claimed": killed from outside right after its releaser claimed the whole batch.
-            assert wait_for(lambda: redis_client.zcard(DEFERRED_INFLIGHT) > 0, 30, 0.001)
+            assert wait_for(lambda: redis_client.zcard(deferred_key("inflight")) > 0, 30, 0.001)
             if moment == "claimed":
                 victim.kill()
             assert victim.wait(30) == -signal.SIGKILL
         finally:
             if victim.poll() is None:
                 victim.kill()
-        held = redis_client.zcard(DEFERRED_INFLIGHT)
+        held = redis_client.zcard(deferred_key("inflight"))
         with own_channel(settings) as channel:
             got_out = queue_depth(channel, topology.NORMAL_QUEUE)
         print(f"\nkilled once {moment}: {held} claimed and not removed, {got_out} in the "
@@ -243,7 +243,7 @@ def test_a_worker_killed_mid_release_loses_no_deferred_url_and_records_each_once
         site.stop()
     done = Counter(r["url"] for r in results(redis_client))
     assert set(done) == set(urls) and set(done.values()) == {1}
-    assert redis_client.zcard(DEFERRED) + redis_client.zcard(DEFERRED_INFLIGHT) == 0
-    assert redis_client.hlen(DEFERRED_COUNTS) == 0
+    assert redis_client.zcard(deferred_key()) + redis_client.zcard(deferred_key("inflight")) == 0
+    assert redis_client.hlen(deferred_key("counts")) == 0
     with own_channel(settings) as channel:
         assert queue_depth(channel, topology.FAILED_QUEUE) == 0

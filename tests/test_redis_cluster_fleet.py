@@ -10,12 +10,15 @@ satisfied again. Then: every URL ends with exactly one result, none twice; the s
 through, so the same URLs seeded again are all duplicates. It also prints Redis's CPU per page
 per primary (docs/design-redis-cluster.md, capacity).
 
-Also on the cluster: a files sink exports every shard's results once, and two recrawl
-schedulers, the leader killed while it holds a batch, revisit every URL and learn each visit.
+Also on the cluster: a files sink exports every shard's results once; two recrawl
+schedulers, the leader killed while it holds a batch, revisit every URL and learn each visit;
+URLs deferred in Redis are released at their domains' pace through a releaser killed holding a
+claim.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import signal
 import time
@@ -36,7 +39,7 @@ from common.store import slots
 from common.store.backlog import read_fill
 from common.store.connection import connect_redis
 from common.store.dedupe import HELD, TAKEN, Claims, SeenSet
-from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, schedule_key
+from common.store.keys import FAILURES_STREAM, RESULTS_STREAM, deferred_key, schedule_key
 from devtools.services import reset_state
 from devtools.services.redis_cluster import RedisClusterGroup
 from devtools.testsite import TestSite, running_sites
@@ -275,6 +278,55 @@ def test_the_recrawl_scheduler_on_a_cluster_revisits_every_url_through_a_killed_
     assert client.hlen(schedule_key("inflight")) == 0
     assert schedule.remove(urls[:3]) == 3 and schedule.entry(urls[0]) is None  # MULTI: one slot
     assert schedule.status()["scheduled"] == len(urls) - 3
+
+
+def test_urls_deferred_on_a_cluster_are_released_at_their_domain_s_pace_through_a_killed_releaser(
+        services, cluster, farm):
+    cluster.heal()
+    cluster.flush()
+    paced = {"RATE_LIMIT": "20/second", "DEFER_LEAD_S": "0.5"}
+    settings = load_settings({**TEST_ENV, **cluster.env, **paced,
+                              "RABBITMQ_URL": services.rabbitmq_url})
+    reset_state(services.rabbitmq_url, services.redis_url, purge=True)
+    client = connect_redis(settings)
+    urls = [site.page_url(n) for site in farm for n in range(1, PAGES + 1)]
+    with Producer(settings, client) as producer:
+        seeded = producer.submit(urls)
+    # 20/s a domain, 0.5 s ahead: about ten of each domain's 50 go now, the rest wait in Redis
+    assert seeded.new == len(urls) and seeded.deferred >= len(urls) * 2 // 3, seeded.line()
+    assert client.hlen(deferred_key("counts")) == SITES
+    victim = start_worker_process(settings, "--concurrency", "4", env={
+        **paced, "DEFER_BATCH": "500", "DEFER_LEASE_S": "2", "WORKER_ID": "cluster-victim"})
+    try:  # killed right after its releaser claimed a batch
+        assert wait_for(lambda: client.zcard(deferred_key("inflight")) > 0, 30, 0.001), \
+            output_of(victim)[-3000:]
+        victim.kill()
+        assert victim.wait(30) == -signal.SIGKILL
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    held = client.zcard(deferred_key("inflight"))
+    survivors = [start_worker_process(settings, "--idle-exit", "4", "--concurrency", "4", env={
+        **paced, "WORKER_ID": f"cluster-survivor-{i}"}) for i in range(2)]
+    try:
+        for proc in survivors:
+            assert proc.wait(180) == 0, output_of(proc)[-3000:]
+        logs = "\n".join(output_of(proc) for proc in [victim, *survivors])
+    finally:
+        for proc in survivors:
+            if proc.poll() is None:
+                proc.kill()
+    assert held > 0, "the killed releaser's claim was still held"
+    assert "CROSSSLOT" not in logs and "Traceback" not in logs, logs[-3000:]
+    per_url = Counter(record["url"] for record in _streams(client, RESULTS_STREAM))
+    assert per_url == Counter(canonicalize(url) for url in urls), "each URL one result"
+    assert client.zcard(deferred_key()) + client.zcard(deferred_key("inflight")) == 0
+    assert client.hlen(deferred_key("counts")) == 0
+    with own_channel(settings) as channel:
+        assert queue_depth(channel, topology.FAILED_QUEUE) == 0
+    for site in farm:  # released at the domain's pace: never over 20 in a second
+        times = sorted(r.wall_time_s for r in site.requests_for("/page/"))
+        assert max(bisect.bisect_right(times, t + 1.0) - i for i, t in enumerate(times)) <= 21
 
 
 def _cpu_per_page(before: dict, after: dict, pages: int, when: str = "before the kill") -> str:

@@ -47,8 +47,7 @@ from common.core.backoff import reconnect_delay_s
 from common.core.config import Settings
 from common.core.errors import AMQP_CONNECTION_LOST, PublishError, ServiceUnavailable
 from common.store.connection import redis_client
-from common.store.keys import DEFERRED, DEFERRED_COUNTS, DEFERRED_INFLIGHT, deferred_next_key
-from common.store.slots import cluster
+from common.store.keys import deferred_key, deferred_next_key
 from common.web.ratelimit import Rate, RateLimiter
 
 logger = logging.getLogger(__name__)
@@ -202,7 +201,7 @@ class Deferral:
         args += domains
         for item in items:
             args += [number[item.domain], item.member()]
-        flags = self._defer(keys=[DEFERRED, DEFERRED_COUNTS,
+        flags = self._defer(keys=[deferred_key(), deferred_key("counts"),
                                   *(deferred_next_key(slot_of + d) for d in domains)], args=args)
         return [flag == 1 for flag in flags]
 
@@ -261,9 +260,8 @@ class Releaser:
     def claim(self) -> tuple[list[bytes], float]:
         """Lease up to ``batch`` members (due, or whose lease ran out): the members, and
         seconds until the next one is due (the poll interval when none is)."""
-        if cluster():  # none: deferral is refused on a Redis Cluster (store/connection.py)
-            return [], self.poll_s
-        reply = self._claim(keys=[DEFERRED, DEFERRED_INFLIGHT], args=[self.batch, self.lease_ms])
+        reply = self._claim(keys=[deferred_key(), deferred_key("inflight")],
+                            args=[self.batch, self.lease_ms])
         return reply[1:], (self.poll_s if int(reply[0]) < 0 else int(reply[0]) / 1000)
 
     def release_once(self) -> tuple[int, float]:
@@ -280,16 +278,17 @@ class Releaser:
             except (ValueError, UnicodeDecodeError) as exc:
                 # Not written by this module: nothing can publish it. Said loudly, then removed.
                 logger.error("dropping an unreadable deferred entry (%s): %r", exc, member[:300])
-                self._settle(keys=[DEFERRED_INFLIGHT, DEFERRED_COUNTS],
+                self._settle(keys=[deferred_key("inflight"), deferred_key("counts")],
                              args=[member, member.split(b" ", 1)[0]])
         confirmed, failed = self._publish(entries)
         if confirmed:
-            self._settle(keys=[DEFERRED_INFLIGHT, DEFERRED_COUNTS],
+            self._settle(keys=[deferred_key("inflight"), deferred_key("counts")],
                          args=[x for member, item in confirmed for x in (member, item.domain)])
             self.released += len(confirmed)
         if failed:
             # Claimable again at once, by any releaser (a lease that ended now).
-            self.client.zadd(DEFERRED_INFLIGHT, {member: 0 for member, _item in failed}, xx=True)
+            self.client.zadd(deferred_key("inflight"), dict.fromkeys(
+                (member for member, _item in failed), 0), xx=True)
             logger.warning("releaser %s: %d deferred URLs not confirmed by the broker; "
                            "released again shortly", self.settings.worker_id, len(failed))
         logger.debug("releaser %s: released %d deferred URLs", self.settings.worker_id,
@@ -339,12 +338,12 @@ class Releaser:
 
 def deferred_status(client: redis.Redis, top: int = 10) -> dict[str, Any]:
     """The status view's part: deferred URLs, those being released, the ``top`` domains."""
-    counts = {k.decode(): int(v) for k, v in client.hgetall(DEFERRED_COUNTS).items()}
+    counts = {k.decode(): int(v) for k, v in client.hgetall(deferred_key("counts")).items()}
     largest = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     seconds, micros = client.time()
     now_ms = seconds * 1000 + micros // 1000
     slots = client.mget([deferred_next_key(d) for d, _n in largest]) if largest else []
-    return {"total": sum(counts.values()), "releasing": client.zcard(DEFERRED_INFLIGHT),
+    return {"total": sum(counts.values()), "releasing": client.zcard(deferred_key("inflight")),
             "domains": [{"domain": domain, "deferred": n,
                          "through_in_s": round(max(0, int(slot or 0) - now_ms) / 1000)}
                         for (domain, n), slot in zip(largest, slots, strict=True)]}

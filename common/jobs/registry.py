@@ -29,11 +29,10 @@ import redis
 
 from common.jobs.spec import DEFAULT_JOB, JobSpec
 from common.store.keys import (
-    DEFERRED,
-    DEFERRED_COUNTS,
     JOBS,
     JOBS_LAST_RUNS,
     JOBS_VERSION,
+    deferred_key,
     job_key,
     job_parked_key,
     job_run_key,
@@ -267,8 +266,8 @@ class JobRegistry:
     def _transition(self, name: str, action: str, reason: str = "",
                     run: int | None = None) -> str:
         try:
-            to = self._move(keys=[job_key(name), JOBS_VERSION, job_parked_key(name), DEFERRED,
-                                  DEFERRED_COUNTS],
+            to = self._move(keys=[job_key(name), JOBS_VERSION, job_parked_key(name),
+                                  deferred_key(), deferred_key("counts")],
                             args=[action, _now_ms(), reason, f"job:{name}:run:",
                                   "" if run is None else run])
         except redis.ResponseError as exc:

@@ -25,7 +25,7 @@ from common.ops import cli
 from common.ops import cli_job_view as view
 from common.ops.export import FORMATS, Exporter, read_entries
 from common.store.connection import connect_redis
-from common.store.keys import DEFERRED_COUNTS, job_seeds_key
+from common.store.keys import deferred_key, job_seeds_key
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter
 from common.work.job_check import check_job
@@ -174,7 +174,7 @@ def job_domains(settings: Settings, client: redis.Redis, name: str) -> list[dict
     if not names:
         return []
     throttled = {row["domain"]: row["text"] for row in RateLimiter(client, settings).throttled()}
-    deferred = client.hmget(DEFERRED_COUNTS, names)
+    deferred = client.hmget(deferred_key("counts"), names)
     return [{"domain": domain, "throttle": throttled.get(domain), "deferred": int(n or 0)}
             for domain, n in zip(names, deferred, strict=True)]
 

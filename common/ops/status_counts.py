@@ -37,11 +37,10 @@ from common.jobs.registry import JobRegistry
 from common.ops import dlq
 from common.store.keys import (
     COUNTERS,
-    DEFERRED,
-    DEFERRED_INFLIGHT,
     DONE_PREFIX,
     RESULTS_STREAM,
     SINKS,
+    deferred_key,
     proxy_rest_key,
     sink_group,
 )
@@ -156,8 +155,8 @@ def to_do(client: redis.Redis, queues: dict[str, dict[str, Any]], delayed: int,
     reported = (sum(unacked) if None not in unacked
                 else sum(w.get("in_flight", 0) for w in workers))
     pipe = client.pipeline(transaction=False)
-    pipe.zcard(DEFERRED)
-    pipe.zcard(DEFERRED_INFLIGHT)
+    pipe.zcard(deferred_key())
+    pipe.zcard(deferred_key("inflight"))
     waiting, releasing = pipe.execute()
     parts = {"ready": sum(queues[name]["ready"] for name in topology.CONSUMED_QUEUES),
              "delayed": delayed, "deferred": int(waiting) + int(releasing)}

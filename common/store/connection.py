@@ -84,14 +84,10 @@ def _cluster_client(settings: Settings, nodes: list[tuple[str, int]],
     """The RedisCluster of ``nodes``; the password and user from REDIS_URL.
 
     Raises:
-        ConfigError: with REDIS_SENTINELS, or with what a cluster does not run yet (deferral).
+        ConfigError: with REDIS_SENTINELS.
     """
     if settings.redis_sentinels:
         raise ConfigError("REDIS_SENTINELS and a redis+cluster:// REDIS_URL: choose one")
-    if settings.defer_lead_s > 0:
-        raise ConfigError("a Redis Cluster needs DEFER_LEAD_S=0: per-domain deferral "
-                          "(common/intake/defer.py) is not sharded yet "
-                          "(docs/design-redis-cluster.md)")
     parts = urlsplit(settings.redis_url)
     if parts.username:
         options.setdefault("username", unquote(parts.username))

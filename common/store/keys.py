@@ -157,7 +157,7 @@ per-URL keys that of the domain's shard (``ratelimit:{s3.54}:example.com``,
 ``done:{s3.54}:1f``); a seen bucket and its URLs' claims that of the bucket's shard; results,
 failures, assets, stats:counters, throttled and sinks have one part per shard
 (``results:{s3.54}``); heartbeats share ``{workers}``, the recrawl schedule's keys
-``{schedule}``. Outside cluster mode, the names above.
+``{schedule}``, deferral's ``{deferred}``. Outside cluster mode, the names above.
 """
 
 from __future__ import annotations
@@ -230,13 +230,16 @@ def crawl_pages_key(domain: str) -> str:
     return f"crawl:pages:{domain}"
 
 
-DEFERRED = "deferred"
-DEFERRED_INFLIGHT = "deferred:inflight"
-DEFERRED_COUNTS = "deferred:counts"
+def deferred_key(name: Literal["", "inflight", "counts"] = "") -> str:
+    """``deferred``, ``deferred:inflight``, ``deferred:counts``; on a cluster after the tag
+    ``{deferred}`` (``deferred:{deferred}:inflight``): the deferral scripts touch them with the
+    domains' release slots (:func:`deferred_next_key`), so all of them share one slot."""
+    whole = "deferred:{deferred}" if cluster() else "deferred"
+    return f"{whole}:{name}" if name else whole
 
 
 def deferred_next_key(domain: str) -> str:
-    return f"deferred:next:{domain}"
+    return f"{deferred_key()}:next:{domain}"
 
 
 ScheduleKey = Literal["due", "inflight", "state", "lease", "fence"]

@@ -13,7 +13,7 @@ from common.core.urls import domain_of, fingerprint
 from common.intake.defer import Deferral, Pending, Releaser
 from common.intake.producer import Producer
 from common.store.dedupe import SeenSet
-from common.store.keys import DEFERRED, DEFERRED_COUNTS, DEFERRED_INFLIGHT
+from common.store.keys import deferred_key
 from tests.helpers import WorkerThread, drain, queue_depth, results
 
 BIG = "127.0.0.9"
@@ -25,18 +25,18 @@ def _paced(settings, rate=(2, 1000), lead_s=10.0, **more):
 
 
 def _counts(redis_client) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in redis_client.hgetall(DEFERRED_COUNTS).items()}
+    return {k.decode(): int(v) for k, v in redis_client.hgetall(deferred_key("counts")).items()}
 
 
 def _deferred(redis_client) -> list[tuple[Pending, float]]:
     return [(Pending.from_member(m), score)
-            for m, score in redis_client.zrange(DEFERRED, 0, -1, withscores=True)]
+            for m, score in redis_client.zrange(deferred_key(), 0, -1, withscores=True)]
 
 
 def _release_all(settings, redis_client, timeout_s: float = 20.0) -> Releaser:
     releaser = Releaser(settings, threading.Event(), redis_client)
     deadline = time.monotonic() + timeout_s
-    while redis_client.zcard(DEFERRED) + redis_client.zcard(DEFERRED_INFLIGHT):
+    while redis_client.zcard(deferred_key()) + redis_client.zcard(deferred_key("inflight")):
         assert time.monotonic() < deadline, "deferred URLs were not released in time"
         _claimed, wait_s = releaser.release_once()
         time.sleep(min(wait_s, 0.2))
@@ -84,7 +84,7 @@ def test_deferral_off_publishes_everything_at_once(settings, redis_client, amqp_
         summary = producer.submit([f"http://{BIG}:9/p/{i}" for i in range(50)])
     assert (summary.new, summary.deferred) == (50, 0)
     assert queue_depth(amqp_channel, topology.NORMAL_QUEUE) == 50
-    assert redis_client.exists(DEFERRED) == 0
+    assert redis_client.exists(deferred_key()) == 0
 
 
 def test_released_messages_reach_their_queue_unchanged_and_not_before_they_are_due(
@@ -100,8 +100,8 @@ def test_released_messages_reach_their_queue_unchanged_and_not_before_they_are_d
     now = drain(amqp_channel, topology.PRIORITY_QUEUE)
     waiting = {p.body for p, _ in _deferred(redis_client)}
     early, _wait_s = Releaser(paced, threading.Event(), redis_client).claim()
-    assert len(early) <= 4 and redis_client.zcard(DEFERRED) >= 14  # the rest are not due yet
-    redis_client.zadd(DEFERRED_INFLIGHT, dict.fromkeys(early, 0), xx=True)  # hand them back
+    assert len(early) <= 4 and redis_client.zcard(deferred_key()) >= 14  # the rest are not due yet
+    redis_client.zadd(deferred_key("inflight"), dict.fromkeys(early, 0), xx=True)  # hand them back
 
     _release_all(paced, redis_client)
     assert time.monotonic() - started >= 1.6
@@ -109,14 +109,14 @@ def test_released_messages_reach_their_queue_unchanged_and_not_before_they_are_d
     assert {body for _m, _p, body in released} == waiting
     assert all(p.expiration == "300000" and p.delivery_mode == 2 for _m, p, _b in released)
     assert sorted(WorkMessage.from_json(b).url for _m, _p, b in now + released) == sorted(urls)
-    assert redis_client.zcard(DEFERRED_INFLIGHT) == 0 and _counts(redis_client) == {}
+    assert redis_client.zcard(deferred_key("inflight")) == 0 and _counts(redis_client) == {}
 
 
 def test_two_releasers_claiming_at_once_never_take_the_same_member(settings, redis_client):
     members = {Pending(f"d{i % 7}", topology.NORMAL_QUEUE, None,
                        WorkMessage(url=f"http://d{i % 7}/{i}").to_json()).member(): 0
                for i in range(3000)}
-    redis_client.zadd(DEFERRED, members)
+    redis_client.zadd(deferred_key(), members)
     small_batches = settings.with_overrides(defer_batch=25)
     claims: list[list[bytes]] = [[], []]
 
@@ -149,7 +149,7 @@ def test_a_batch_whose_releaser_died_is_claimed_again_once_its_lease_runs_out(
     taken_at = time.monotonic()
     first, _wait_s = survivor.claim()
     assert first and not set(first) & set(dead)  # leased members are not claimed twice
-    redis_client.zadd(DEFERRED_INFLIGHT, dict.fromkeys(first, 0), xx=True)  # hand them back
+    redis_client.zadd(deferred_key("inflight"), dict.fromkeys(first, 0), xx=True)  # hand them back
 
     _release_all(paced, redis_client)
     assert time.monotonic() - taken_at >= 0.9  # the dead batch waited for its lease to end
@@ -176,7 +176,7 @@ def test_a_producer_killed_between_deferring_and_marking_seen_still_gets_one_res
         assert worker.join(60) == 0
     done = Counter(r["url"] for r in results(redis_client))
     assert set(done) == set(urls) and set(done.values()) == {1}
-    assert redis_client.zcard(DEFERRED) + redis_client.zcard(DEFERRED_INFLIGHT) == 0
+    assert redis_client.zcard(deferred_key()) + redis_client.zcard(deferred_key("inflight")) == 0
 
 
 def test_status_shows_deferred_urls_per_domain_and_counts_them_as_to_do(settings, redis_client,

@@ -21,7 +21,7 @@ from common.jobs.spec import JobSpec
 from common.jobs.spec_fields import Limits
 from common.ops.cli_seed import seed_main
 from common.store.dedupe import SeenSet
-from common.store.keys import DEFERRED, DEFERRED_INFLIGHT, deferred_next_key, job_run_key
+from common.store.keys import deferred_key, deferred_next_key, job_run_key
 from devtools.testsite import TestSite
 from tests.helpers import drain, queue_depth
 from tests.intake.sitemap_bodies import urlset
@@ -89,8 +89,9 @@ def test_known_counts_exactly_the_new_urls_deferred_ones_included(settings, redi
     assert (first.new, first.duplicate, second.new, second.duplicate) == (8, 3, 4, 8)
     assert first.deferred > 0 and second.deferred == 4
     assert _known(redis_client, SHOP) == 12
-    assert redis_client.zcard(DEFERRED) == first.deferred + second.deferred
-    assert queue_depth(amqp_channel, topology.NORMAL_QUEUE) == 12 - redis_client.zcard(DEFERRED)
+    assert redis_client.zcard(deferred_key()) == first.deferred + second.deferred
+    assert queue_depth(amqp_channel, topology.NORMAL_QUEUE) == \
+        12 - redis_client.zcard(deferred_key())
 
 
 def test_the_page_limit_holds_across_two_producers_at_once(settings, redis_client, amqp_channel):
@@ -145,7 +146,7 @@ def test_a_jobs_pace_defers_its_urls_beyond_its_rate_while_the_domains_rate_lets
     assert (job.new, job.deferred) == (10, 8)
     assert (default.new, default.deferred) == (10, 0)
     assert redis_client.exists(deferred_next_key(f"shop/1:{PACED_HOST}"))
-    waiting = redis_client.zrange(DEFERRED, 0, -1, withscores=True)
+    waiting = redis_client.zrange(deferred_key(), 0, -1, withscores=True)
     gaps = {round(b - a) for (_m, a), (_n, b) in zip(waiting, waiting[1:], strict=False)}
     assert gaps == {510}
     assert _known(redis_client, SHOP) == 10
@@ -153,8 +154,8 @@ def test_a_jobs_pace_defers_its_urls_beyond_its_rate_while_the_domains_rate_lets
     bodies = {Pending.from_member(m).body for m, _s in waiting}
     releaser = Releaser(paced, threading.Event(), redis_client)
     try:
-        redis_client.zadd(DEFERRED, {m: 0 for m, _s in waiting})  # due now
-        while redis_client.zcard(DEFERRED) + redis_client.zcard(DEFERRED_INFLIGHT):
+        redis_client.zadd(deferred_key(), {m: 0 for m, _s in waiting})  # due now
+        while redis_client.zcard(deferred_key()) + redis_client.zcard(deferred_key("inflight")):
             releaser.release_once()
     finally:
         releaser._close_amqp()

@@ -10,10 +10,9 @@ from common.intake.defer import Pending
 from common.jobs.registry import JobRef, JobRegistry, JobStateError
 from common.jobs.spec import parse_job
 from common.store.keys import (
-    DEFERRED,
-    DEFERRED_COUNTS,
     JOBS,
     JOBS_VERSION,
+    deferred_key,
     job_key,
     job_parked_key,
     job_run_key,
@@ -86,8 +85,8 @@ def test_resume_hands_the_parked_pages_to_the_deferral_and_cancel_counts_them(re
     redis_client.zadd(job_parked_key("shop"), {m: 1 for m in members})
     registry.resume("shop")
     assert redis_client.zcard(job_parked_key("shop")) == 0
-    assert sorted(redis_client.zrange(DEFERRED, 0, -1)) == sorted(m.encode() for m in members)
-    assert int(redis_client.hget(DEFERRED_COUNTS, "a.test")) == 3
+    assert sorted(redis_client.zrange(deferred_key(), 0, -1)) == sorted(m.encode() for m in members)
+    assert int(redis_client.hget(deferred_key("counts"), "a.test")) == 3
     registry.pause("shop")
     redis_client.zadd(job_parked_key("shop"), {members[0]: 1, members[1]: 1})
     registry.cancel("shop")

@@ -14,11 +14,10 @@ from common.core.urls import fingerprint
 from common.intake.producer import Producer
 from common.store.dedupe import SeenSet
 from common.store.keys import (
-    DEFERRED,
-    DEFERRED_COUNTS,
     DONE_PREFIX,
     RESULTS_STREAM,
     SEEN_PREFIX,
+    deferred_key,
     worker_key,
 )
 from tests.helpers import (
@@ -135,9 +134,9 @@ def test_to_do_counts_deferred_urls_by_what_waits_not_by_a_per_domain_tally(
         settings, redis_client, run_cli):
     # The per-domain tally (deferred:counts, for the status rows) says 32 while nothing waits:
     # "to do" is the ZSETs' members, so a finished crawl shows 0 whatever the tally says.
-    redis_client.hset(DEFERRED_COUNTS, "example.test", 32)
+    redis_client.hset(deferred_key("counts"), "example.test", 32)
     finished = json.loads(run_cli("stats.py", "--json").stdout)
-    redis_client.zadd(DEFERRED, {"example.test url_queue_ttl -\n{}": 1})
+    redis_client.zadd(deferred_key(), {"example.test url_queue_ttl -\n{}": 1})
     waiting = json.loads(run_cli("stats.py", "--json").stdout)
 
     assert finished["progress"]["to_do"] == 0 and finished["progress"]["state"] != "running"

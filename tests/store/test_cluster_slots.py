@@ -29,6 +29,8 @@ from common.store.keys import (
     SINKS,
     THROTTLED,
     cookie_jar_key,
+    deferred_key,
+    deferred_next_key,
     poison_key,
     rate_log_key,
     robots_key,
@@ -58,13 +60,13 @@ PLACED = {
     "intake/recrawler.py:HOLD_LUA", "intake/recrawler.py:RELEASE_LUA",
     "intake/schedule_scripts.py:ADD_LUA", "intake/schedule_scripts.py:TAKE_LUA",
     "intake/schedule_scripts.py:SETTLE_LUA", "intake/schedule_scripts.py:LEARN_LUA",
+    "intake/defer.py:DEFER_LUA", "intake/defer.py:CLAIM_LUA", "intake/defer.py:SETTLE_LUA",
 }
-#: Scripts of paths that refuse a cluster (jobs, deferral, a job's dlq replay).
+#: Scripts of paths that refuse a cluster (jobs, a job's dlq replay).
 REFUSED = {
     "jobs/runner.py:REOPEN_LUA", "jobs/registry.py:START_LUA", "jobs/registry.py:MOVE_LUA",
     "jobs/webhooks.py:QUEUE_LUA", "jobs/webhooks.py:TAKE_LUA", "ops/dlq.py:FORGET_LUA",
     "ops/dlq.py:UNDO_LUA", "work/steps/admit.py:PARK_LUA",
-    "intake/defer.py:DEFER_LUA", "intake/defer.py:CLAIM_LUA", "intake/defer.py:SETTLE_LUA",
 }
 
 
@@ -160,6 +162,16 @@ def test_the_recrawl_scheduler_s_keys_share_one_slot_on_a_cluster(cluster_mode):
     assert schedule_key("due") == "schedule:{schedule}:due"
     slots.set_cluster(False)
     assert [schedule_key(name) for name in names] == [f"schedule:{name}" for name in names]
+
+
+def test_deferral_s_keys_share_one_slot_on_a_cluster_whatever_the_domains(cluster_mode):
+    domains = sorted({domain_of(url) for url in _urls()})
+    assert _one_slot([deferred_key(), deferred_key("inflight"), deferred_key("counts"),
+                      *map(deferred_next_key, domains)]), "defer, claim and settle"
+    assert deferred_next_key("a.test") == "deferred:{deferred}:next:a.test"
+    slots.set_cluster(False)
+    assert (deferred_key(), deferred_key("inflight"), deferred_next_key("a.test")) == (
+        "deferred", "deferred:inflight", "deferred:next:a.test")
 
 
 def test_outside_cluster_mode_every_key_keeps_its_single_node_name():

@@ -77,13 +77,10 @@ def test_a_cluster_url_names_every_node_and_a_bad_node_is_named():
         load_settings({"REDIS_URL": "redis+cluster://cache-a:7000/3"})
 
 
-def test_a_cluster_with_deferral_or_sentinels_is_refused_saying_which_setting():
-    cluster = {"REDIS_URL": "redis+cluster://127.0.0.1:7000", "DEFER_LEAD_S": "10"}
-    with pytest.raises(ConfigError, match="DEFER_LEAD_S=0"):
-        connect_redis(load_settings(cluster))
+def test_a_cluster_with_sentinels_is_refused_saying_which_setting():
     with pytest.raises(ConfigError, match="REDIS_SENTINELS and a redis\\+cluster"):
-        connect_redis(load_settings({**cluster, "REDIS_SENTINELS": "127.0.0.1:26379",
-                                     "DEFER_LEAD_S": "0"}))
+        connect_redis(load_settings({"REDIS_URL": "redis+cluster://127.0.0.1:7000",
+                                     "REDIS_SENTINELS": "127.0.0.1:26379"}))
 
 
 def test_sentinels_with_a_unix_socket_url_are_refused():

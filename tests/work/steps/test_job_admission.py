@@ -17,7 +17,7 @@ from common.intake.defer import Pending
 from common.jobs.registry import JobRef, JobRegistry
 from common.jobs.spec import parse_job
 from common.store.dedupe import DoneSet
-from common.store.keys import DEFERRED, DEFERRED_COUNTS, job_parked_key, job_run_key
+from common.store.keys import deferred_key, job_parked_key, job_run_key
 from common.store.results import ResultStore
 from common.web.ratelimit import RateLimiter
 from common.web.robots import robots_fetcher
@@ -87,8 +87,8 @@ def test_a_paused_jobs_message_is_parked_once_acked_and_resumed_into_deferred(
 
     assert registry.resume("pausing") == "running"
     assert redis_client.zcard(job_parked_key("pausing")) == 0
-    assert redis_client.zscore(DEFERRED, member) is not None  # due now, for a releaser
-    assert redis_client.hget(DEFERRED_COUNTS, "127.0.0.1") == b"1"
+    assert redis_client.zscore(deferred_key(), member) is not None  # due now, for a releaser
+    assert redis_client.hget(deferred_key("counts"), "127.0.0.1") == b"1"
     released = Pending.from_member(member)  # what a releaser publishes, and where
     assert released.body == body and released.queue == QUEUE
 

@@ -74,7 +74,7 @@ class Worker:
         self._publisher: ConfirmingPublisher | None = None
         self.ledger = AckLedger(self._record_dead_letter)
         self._last_delivery = time.monotonic()
-        self.idle = IdleExit(settings.idle_exit_s)  # --idle-exit: when the work at hand is done
+        self.idle = IdleExit(settings.idle_exit_s, processor.client)  # --idle-exit (idle.py)
         self._consumed_since_connect = False  # since the last connect
         self._completed: collections.deque[tuple[Delivery, Outcome | None]] = collections.deque()
         self._done_lock = threading.Lock()

@@ -1,5 +1,6 @@
 """``--idle-exit`` (common/work/idle.py): a worker idle for that long exits, but not while a
-retry or a wait shorter than that rides a hold queue; a longer wait does not keep it.
+retry or a wait shorter than that rides a hold queue, or a URL deferred in Redis is due within
+it; a longer wait does not keep it.
 
 Real RabbitMQ, Redis, a worker process and the loopback test site.
 """
@@ -13,7 +14,9 @@ import pytest
 
 from common.broker import topology
 from common.broker.messages import WorkMessage
-from common.core.urls import canonicalize
+from common.core.urls import canonicalize, domain_of
+from common.intake.defer import Pending
+from common.store.keys import deferred_key
 from tests.helpers import output_of, queue_depth, results, start_worker_process, wait_for
 
 pytestmark = pytest.mark.integration
@@ -50,3 +53,38 @@ def test_an_idle_worker_stays_for_a_short_hold_and_leaves_a_long_one_waiting(
     # The long wait is still on its way: in its hold queue, or already back in the work queue.
     assert queue_depth(amqp_channel, topology.hold_name(LONG_MS)) + queue_depth(
         amqp_channel, topology.NORMAL_QUEUE) == 1
+
+
+def _defer(client, url: str, due_in_ms: int) -> None:
+    """``url``'s message deferred in Redis as the producer defers it, due ``due_in_ms`` from
+    now on Redis's clock: a worker's releaser publishes it then."""
+    seconds, micros = client.time()
+    member = Pending(domain_of(url), topology.NORMAL_QUEUE, None,
+                     WorkMessage(url).to_json()).member()
+    client.zadd(deferred_key(), {member: seconds * 1000 + micros // 1000 + due_in_ms})
+    client.hincrby(deferred_key("counts"), domain_of(url), 1)
+
+
+def test_an_idle_worker_stays_for_a_url_deferred_in_redis_due_soon_and_leaves_a_later_one(
+        settings, redis_client, site):
+    soon, later = canonicalize(site.page_url(3)), canonicalize(site.page_url(4))
+    # A short lead: the worker's releaser looks for due URLs every 0.2 s (5 s at DEFER_LEAD_S 0)
+    worker = start_worker_process(settings, "--idle-exit", str(IDLE_S), "--concurrency", "2",
+                                  env={"DEFER_LEAD_S": "0.4"})
+    try:
+        assert wait_for(lambda: "consuming" in output_of(worker), 30), output_of(worker)[-3000:]
+        # As above: without the look at Redis the worker left at IDLE_S, the first URL still
+        # deferred; the second is due long after the idle time.
+        time.sleep(IDLE_S / 2)
+        _defer(redis_client, soon, SHORT_MS)
+        _defer(redis_client, later, LONG_MS)
+        assert worker.wait(timeout=30) == 0, output_of(worker)[-3000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+    assert [r["url"] for r in results(redis_client)] == [soon], output_of(worker)[-3000:]
+    assert "1 deferred in Redis are due within it" in output_of(worker)
+    left = [Pending.from_member(m).body for m in redis_client.zrange(deferred_key(), 0, -1)]
+    assert [WorkMessage.from_json(body).url for body in left] == [later]  # still waiting

@@ -44,7 +44,8 @@ class WorkerSettings(SettingsGroup):
     idle_exit_s: float = setting(
         "IDLE_EXIT_S", values.non_negative_float, "0",
         "Exit 0 after this long with no message (0: never), once no retry or wait in a hold "
-        "queue shorter than that is still to come back; --idle-exit overrides.")
+        "queue shorter than that is still to come back and no URL deferred in Redis is due "
+        "within it; --idle-exit overrides.")
 
     @property
     def effective_prefetch(self) -> int:

@@ -192,6 +192,21 @@ def publish_raw(settings: Settings, queue: str, bodies: list[bytes]) -> None:
         connection.close()
 
 
+def publish_dead_letter(channel: Any, url: str, reason: str = "max_retries",
+                        **job: Any) -> None:
+    """A dead letter of ``url`` into failed_urls, as a worker dead-letters it (``job``: the
+    message's ``job`` and ``run`` fields, for a job's URL)."""
+    from common.broker import topology
+    from common.broker.deadletter import dead_letter_headers
+    from common.broker.messages import WorkMessage
+
+    channel.basic_publish(topology.FAILED_EXCHANGE, topology.FAILED_ROUTING_KEY,
+                          WorkMessage(url=url, extra=job).to_json(),
+                          properties=pika.BasicProperties(
+                              headers=dead_letter_headers(reason, last_error="boom"),
+                              delivery_mode=2))
+
+
 #: A WorkerThread whose IDLE_EXIT_S is over this stops as soon as everything is drained
 #: (see :meth:`WorkerThread._drained`) rather than after the whole idle wait.
 DRAINED_QUIET_S = 0.3

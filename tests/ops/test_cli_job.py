@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 
-import pika
 import pytest
 
 from common.broker import topology
-from common.broker.deadletter import dead_letter_headers
 from common.broker.messages import WorkMessage
 from common.core.urls import job_fingerprint
 from common.jobs.registry import JobRef, JobRegistry
@@ -18,7 +16,7 @@ from common.ops.cli_inspect import dlq_main, status_main
 from common.ops.cli_job import job_main
 from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import JOBS, job_run_key
-from tests.helpers import drain, queue_depth
+from tests.helpers import drain, publish_dead_letter, queue_depth
 
 GOOD = """\
 name: shop
@@ -171,14 +169,6 @@ def test_status_shows_a_line_per_job_beside_the_default_jobs_view(settings, redi
     assert (job["name"], job["known"], job["done"], job["failed"]) == ("shop", 10, 5, 1)
 
 
-def _dead_letter(channel, url, reason="max_retries", **job):
-    body = WorkMessage(url=url, extra=job).to_json()
-    channel.basic_publish(topology.FAILED_EXCHANGE, topology.FAILED_ROUTING_KEY, body,
-                          properties=pika.BasicProperties(
-                              headers=dead_letter_headers(reason, last_error="boom"),
-                              delivery_mode=2))
-
-
 @pytest.fixture
 def job_letters(settings, redis_client, amqp_channel, capsys, tmp_path):
     """Job shop at run 2 (running); dead letters of its runs 1 and 2, of job other, and of
@@ -187,10 +177,10 @@ def job_letters(settings, redis_client, amqp_channel, capsys, tmp_path):
     registry = JobRegistry(redis_client)
     registry.finish(registry.start_run("shop"))
     registry.start_run("shop")
-    _dead_letter(amqp_channel, "http://127.0.0.1:9/old", job="shop", run=1)
-    _dead_letter(amqp_channel, "http://127.0.0.1:9/now", "http_503", job="shop", run=2)
-    _dead_letter(amqp_channel, "http://127.0.0.1:9/else", job="other", run=1)
-    _dead_letter(amqp_channel, "http://127.0.0.1:9/plain")
+    publish_dead_letter(amqp_channel, "http://127.0.0.1:9/old", job="shop", run=1)
+    publish_dead_letter(amqp_channel, "http://127.0.0.1:9/now", "http_503", job="shop", run=2)
+    publish_dead_letter(amqp_channel, "http://127.0.0.1:9/else", job="other", run=1)
+    publish_dead_letter(amqp_channel, "http://127.0.0.1:9/plain")
     return registry
 
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import pika
 import pytest
 
 from common.broker import topology
-from common.broker.deadletter import dead_letter_headers
 from common.broker.messages import WorkMessage
 from common.core.config import Settings, load_settings
 from common.core.urls import canonicalize, fingerprint
@@ -28,7 +26,7 @@ from common.store.dedupe import DoneSet, SeenSet
 from common.store.keys import failures_key, job_key, robots_key
 from common.web.robots import origin_of
 from devtools.services import reset_state
-from tests.helpers import TEST_ENV, drain, own_channel, queue_depth
+from tests.helpers import TEST_ENV, drain, own_channel, publish_dead_letter, queue_depth
 
 #: 127.0.0.7 .. 127.0.0.12: their domain shards are served by all three primaries.
 HOSTS = [f"127.0.0.{n}" for n in range(7, 13)]
@@ -54,14 +52,6 @@ def on_cluster(services, cluster) -> Iterator[tuple[Settings, object]]:
         yield settings, client
     finally:
         client.close()
-
-
-def _dead_letter(channel, url, reason="max_retries", **job):
-    body = WorkMessage(url=url, extra=job).to_json()
-    channel.basic_publish(topology.FAILED_EXCHANGE, topology.FAILED_ROUTING_KEY, body,
-                          properties=pika.BasicProperties(
-                              headers=dead_letter_headers(reason, last_error="boom"),
-                              delivery_mode=2))
 
 
 def _robots(client, origin, status, kind=""):
@@ -112,7 +102,7 @@ def test_dlq_replay_on_a_cluster_republishes_every_letter_and_forgets_its_marks_
     _robots(client, STRANGER, "failed", "tls_certificate")
     with own_channel(settings) as channel:
         for url in URLS:
-            _dead_letter(channel, url)
+            publish_dead_letter(channel, url)
 
     code, out, err = _dlq(settings, capsys, "replay")
 
@@ -140,8 +130,8 @@ def test_a_running_jobs_dead_letter_replayed_on_a_cluster_is_refused_and_stays_i
     client.hset(job_key("shop"), mapping={"state": "running", "run": 2})
     done.add(done.mark_for(job_url, scope=scope))
     with own_channel(settings) as channel:
-        _dead_letter(channel, job_url, "http_503", job="shop", run=2)
-        _dead_letter(channel, plain)
+        publish_dead_letter(channel, job_url, "http_503", job="shop", run=2)
+        publish_dead_letter(channel, plain)
 
     code, out, err = _dlq(settings, capsys, "replay")
 

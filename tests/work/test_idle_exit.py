@@ -31,25 +31,36 @@ def _hold(channel, level_ms: int, url: str) -> None:
                           WorkMessage(url).to_json(), pika.BasicProperties(delivery_mode=2))
 
 
-def test_an_idle_worker_stays_for_a_short_hold_and_leaves_a_long_one_waiting(
-        settings, redis_client, amqp_channel, site):
-    short, long = canonicalize(site.page_url(1)), canonicalize(site.page_url(2))
-    worker = start_worker_process(settings, "--idle-exit", str(IDLE_S), "--concurrency", "2")
+def _idle_run(settings, place, env: dict[str, str] | None = None) -> str:
+    """An idle worker (IDLE_S) that sees ``place()`` put work on its way late in its idle time;
+    returns its output once it exited 0."""
+    worker = start_worker_process(settings, "--idle-exit", str(IDLE_S), "--concurrency", "2",
+                                  env=env)
     try:
         assert wait_for(lambda: "consuming" in output_of(worker), 30), output_of(worker)[-3000:]
-        # Late in the idle time: the short wait ends after it (without the hold check the
-        # worker left at IDLE_S, the URL still in its hold queue), the long one far after.
+        # Late in the idle time: the short wait ends after it (without the check the worker
+        # left at IDLE_S, the URL still waiting), the long one far after.
         time.sleep(IDLE_S / 2)
-        _hold(amqp_channel, SHORT_MS, short)
-        _hold(amqp_channel, LONG_MS, long)
+        place()
         assert worker.wait(timeout=30) == 0, output_of(worker)[-3000:]
     finally:
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+    return output_of(worker)
 
+
+def test_an_idle_worker_stays_for_a_short_hold_and_leaves_a_long_one_waiting(
+        settings, redis_client, amqp_channel, site):
+    short, long = canonicalize(site.page_url(1)), canonicalize(site.page_url(2))
+
+    def place() -> None:
+        _hold(amqp_channel, SHORT_MS, short)
+        _hold(amqp_channel, LONG_MS, long)
+
+    output = _idle_run(settings, place)
     assert [r["url"] for r in results(redis_client)] == [short]
-    assert "wait in hold queues" in output_of(worker)
+    assert "wait in hold queues" in output
     # The long wait is still on its way: in its hold queue, or already back in the work queue.
     assert queue_depth(amqp_channel, topology.hold_name(LONG_MS)) + queue_depth(
         amqp_channel, topology.NORMAL_QUEUE) == 1
@@ -68,23 +79,14 @@ def _defer(client, url: str, due_in_ms: int) -> None:
 def test_an_idle_worker_stays_for_a_url_deferred_in_redis_due_soon_and_leaves_a_later_one(
         settings, redis_client, site):
     soon, later = canonicalize(site.page_url(3)), canonicalize(site.page_url(4))
-    # A short lead: the worker's releaser looks for due URLs every 0.2 s (5 s at DEFER_LEAD_S 0)
-    worker = start_worker_process(settings, "--idle-exit", str(IDLE_S), "--concurrency", "2",
-                                  env={"DEFER_LEAD_S": "0.4"})
-    try:
-        assert wait_for(lambda: "consuming" in output_of(worker), 30), output_of(worker)[-3000:]
-        # As above: without the look at Redis the worker left at IDLE_S, the first URL still
-        # deferred; the second is due long after the idle time.
-        time.sleep(IDLE_S / 2)
+
+    def place() -> None:
         _defer(redis_client, soon, SHORT_MS)
         _defer(redis_client, later, LONG_MS)
-        assert worker.wait(timeout=30) == 0, output_of(worker)[-3000:]
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
 
-    assert [r["url"] for r in results(redis_client)] == [soon], output_of(worker)[-3000:]
-    assert "1 deferred in Redis are due within it" in output_of(worker)
+    # A short lead: the worker's releaser looks for due URLs every 0.2 s (5 s at DEFER_LEAD_S 0)
+    output = _idle_run(settings, place, env={"DEFER_LEAD_S": "0.4"})
+    assert [r["url"] for r in results(redis_client)] == [soon], output[-3000:]
+    assert "1 deferred in Redis are due within it" in output
     left = [Pending.from_member(m).body for m in redis_client.zrange(deferred_key(), 0, -1)]
     assert [WorkMessage.from_json(body).url for body in left] == [later]  # still waiting

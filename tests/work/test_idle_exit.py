@@ -7,16 +7,19 @@ Real RabbitMQ, Redis, a worker process and the loopback test site.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pika
 import pytest
+import redis
 
 from common.broker import topology
 from common.broker.messages import WorkMessage
 from common.core.urls import canonicalize, domain_of
 from common.intake.defer import Pending
 from common.store.keys import deferred_key
+from common.work.idle import IdleExit
 from tests.helpers import output_of, queue_depth, results, start_worker_process, wait_for
 
 pytestmark = pytest.mark.integration
@@ -90,3 +93,14 @@ def test_an_idle_worker_stays_for_a_url_deferred_in_redis_due_soon_and_leaves_a_
     assert "1 deferred in Redis are due within it" in output
     left = [Pending.from_member(m).body for m in redis_client.zrange(deferred_key(), 0, -1)]
     assert [WorkMessage.from_json(body).url for body in left] == [later]  # still waiting
+
+
+def test_an_idle_worker_whose_redis_does_not_answer_stays_rather_than_leave_deferred_urls(
+        settings, amqp_channel, caplog):
+    caplog.set_level(logging.INFO, logger="common.work.idle")
+    # Nothing listens on port 9 of loopback: the count of deferred URLs is unknown.
+    idle = IdleExit(IDLE_S, redis.Redis(host="127.0.0.1", port=9, socket_connect_timeout=1))
+    assert idle.deferred() == -1
+    assert not idle.due(time.monotonic() - 2 * IDLE_S, busy=False, channel=amqp_channel)
+    assert "staying" in caplog.text and "an unknown number (Redis not answering)" in caplog.text
+    assert IdleExit(IDLE_S).due(time.monotonic() - 2 * IDLE_S, False, amqp_channel)  # no Redis

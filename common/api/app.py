@@ -33,8 +33,7 @@ def create_app(settings: Settings, client: redis.Redis | None = None) -> FastAPI
     app = FastAPI(title="scrape-fleet control plane", version=VERSION,
                   openapi_url="/api/openapi.json", docs_url="/api/docs", redoc_url=None)
     app.state.settings = settings
-    app.state.redis = client if client is not None else connect_redis(
-        settings, not_on_cluster="the control plane (API)")
+    app.state.redis = client if client is not None else connect_redis(settings)
     app.state.tokens = Tokens(app.state.redis)
     origins = [o.strip() for o in settings.api_cors_origins.split(",") if o.strip()]
     if origins:

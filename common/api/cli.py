@@ -80,7 +80,7 @@ def api_main(settings: Settings, argv: list[str] | None = None, prog: str | None
         uvicorn.run(create_app(settings), host=args.host, port=args.port,
                     log_level=settings.log_level.lower())
         return cli.EXIT_OK
-    tokens = Tokens(connect_redis(settings, not_on_cluster="the control plane (API)"))
+    tokens = Tokens(connect_redis(settings))
     try:
         if args.command == "token" and args.action == "create":
             token = tokens.create(args.name, args.scope, args.ttl or 0)

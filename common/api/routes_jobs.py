@@ -23,6 +23,7 @@ from common.jobs.registry import JobRef, JobRegistry, JobState, JobStateError
 from common.jobs.spec import BadJob, JobSpec, parse_job
 from common.ops.cli_job import job_domains
 from common.ops.cli_job_view import schedule_text
+from common.store import slots
 from common.store.keys import job_seeds_key
 from common.work.job_check import check_job
 
@@ -120,6 +121,10 @@ class RunCounters(BaseModel):
 
 
 def registry_of(request: Request) -> JobRegistry:
+    """The job registry; 409 on a Redis Cluster, where jobs do not run yet."""
+    if slots.cluster():
+        raise HTTPException(409, "jobs do not run on a Redis Cluster yet "
+                                 "(docs/design-redis-cluster.md): only the default crawl does")
     return JobRegistry(redis_of(request))
 
 

@@ -291,8 +291,9 @@ API_USERS = "api:users"
 
 
 def api_fails_key(who: str) -> str:
-    """Failed logins of a user name or a client address (``user:NAME``, ``addr:IP``)."""
-    return f"api:fails:{who}"
+    """Failed logins of a user name or a client address (``user:NAME``, ``addr:IP``); on a
+    cluster under the tag ``{api}``: a login reads and counts two of them together."""
+    return f"api:fails:{'{api}:' if cluster() else ''}{who}"
 
 
 def session_pool_key(job: str, site: str) -> str:

@@ -28,6 +28,7 @@ from common.store.keys import (
     RESULTS_STREAM,
     SINKS,
     THROTTLED,
+    api_fails_key,
     cookie_jar_key,
     deferred_key,
     deferred_next_key,
@@ -141,6 +142,7 @@ def test_the_fleet_wide_parts_and_heartbeats_are_spread_or_together_as_designed(
     assert all(_one_slot([slots.part(name, s) for name in (RESULTS_STREAM, SINKS, COUNTERS)])
                for s in range(slots.SHARDS))
     assert _one_slot([worker_key("a"), worker_key("b")]), "heartbeats: one MGET"
+    assert _one_slot([api_fails_key("user:ana"), api_fails_key("addr:127.0.0.1")]), "a login"
 
 
 def test_the_robots_forget_script_is_called_once_per_slot_on_a_cluster_once_on_one_node(

@@ -33,6 +33,7 @@ from common.broker import topology
 from common.core.config import Settings, load_settings
 from common.core.errors import REDIS_UNAVAILABLE
 from common.core.urls import canonicalize, fingerprint
+from common.intake.defer import deferred_status
 from common.intake.producer import Producer
 from common.intake.schedule import Schedule
 from common.store import slots
@@ -295,6 +296,9 @@ def test_urls_deferred_on_a_cluster_are_released_at_their_domain_s_pace_through_
     # 20/s a domain, 0.5 s ahead: about ten of each domain's 50 go now, the rest wait in Redis
     assert seeded.new == len(urls) and seeded.deferred >= len(urls) * 2 // 3, seeded.line()
     assert client.hlen(deferred_key("counts")) == SITES
+    shown = deferred_status(client)  # the status view's part: a count, an MGET of slots
+    assert shown["total"] == seeded.deferred and len(shown["domains"]) == SITES, shown
+    assert all(domain["through_in_s"] >= 1 for domain in shown["domains"]), shown
     victim = start_worker_process(settings, "--concurrency", "4", env={
         **paced, "DEFER_BATCH": "500", "DEFER_LEASE_S": "2", "WORKER_ID": "cluster-victim"})
     try:  # killed right after its releaser claimed a batch

@@ -115,6 +115,13 @@ def figure_phase(figure: str) -> str:
     return "fleet"
 
 
+def round_spread(phase: dict[str, Any]) -> str:
+    """``, rounds 0.97–1.04``: the lowest and highest CPU a page of a phase's rounds (the
+    merged figure is their pages-weighted mean; the spread is the VM's noise to read it by)."""
+    per = [r["cpu_ms_per_page"] for r in phase.get("rounds", ()) if r.get("cpu_ms_per_page")]
+    return f", rounds {min(per):.2f}–{max(per):.2f}" if len(per) > 1 else ""
+
+
 def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]:
     fleet, peer = phases.get("fleet", {}), phases.get("peer", {})
     producer, seen = phases.get("producer", {}), phases.get("seen", {})
@@ -142,11 +149,13 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
             judge(ratio, at_least=TARGET_RATIO))
     add_peers(add, fleet, phases, spiders)
     cpu = fleet.get("cpu_ms_per_page")
-    add("worker CPU per page", cpu, "ms", f"<= {TARGET_CPU_MS:g}", judge(cpu, at_most=TARGET_CPU_MS))
+    add("worker CPU per page", cpu, "ms" + round_spread(fleet), f"<= {TARGET_CPU_MS:g}",
+        judge(cpu, at_most=TARGET_CPU_MS))
     # Per unit of CPU, the figure that does not move with the VM's load (issue 31): the
     # spiders' own CPU a page over the workers'.
     peer_cpu = None if peer_skipped else peer.get("cpu_ms_per_page")
-    add("scrapy-redis CPU per page", peer_cpu, f"ms, {spiders} spider processes", "",
+    add("scrapy-redis CPU per page", peer_cpu,
+        f"ms, {spiders} spider processes" + ("" if peer_skipped else round_spread(peer)), "",
         "skipped" if peer_skipped else "info")
     cheaper = peer_cpu / cpu if peer_cpu and cpu else None
     add("scrapy-redis CPU / fleet CPU per page", cheaper, "x", f">= {TARGET_CPU_RATIO:g}",

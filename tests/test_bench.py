@@ -19,7 +19,7 @@ import pytest
 
 from bench.farm import parse_log_line
 from bench.figures import Row, min_duration_s, percentile, rate_per_s, windows_over_limit
-from bench.report import build_rows
+from bench.report import build_rows, round_spread
 from bench.run import FIGURES, parse_args
 from bench.shared import Sizes
 from devtools.services import FleetServices
@@ -92,6 +92,18 @@ def test_sink_rows_divide_by_the_fleet_rate_and_say_why_they_were_skipped():
 
 @pytest.mark.slow
 @pytest.mark.integration
+def test_the_cpu_rows_name_the_spread_of_their_rounds():
+    fleet = {"pages_per_s": 1500.0, "cpu_ms_per_page": 1.02,
+             "rounds": [{"cpu_ms_per_page": 0.97}, {"cpu_ms_per_page": 1.081}]}
+    peer = {"pages_per_s": 230.0, "cpu_ms_per_page": 8.4,
+            "rounds": [{"cpu_ms_per_page": 8.2}, {"cpu_ms_per_page": 8.6}]}
+    rows = {r.figure: r for r in build_rows(Sizes.from_args(parse_args([])),
+                                            {"fleet": fleet, "peer": peer})}
+    assert rows["worker CPU per page"].unit == "ms, rounds 0.97–1.08"
+    assert rows["scrapy-redis CPU per page"].unit.endswith("spider processes, rounds 8.20–8.60")
+    assert round_spread({"rounds": [{"cpu_ms_per_page": 1.0}]}) == ""  # one round: no spread
+
+
 def test_small_bench_prints_every_figure_with_a_number(services: FleetServices, tmp_path):
     out = tmp_path / "bench.json"
     env = dict(os.environ, RABBITMQ_URL=services.rabbitmq_url, REDIS_URL=services.redis_url)

@@ -105,7 +105,10 @@ def test_scrolling_an_endless_listing_ends_within_the_render_deadline(
         browser.timeout_s = saved
     assert time.monotonic() - started < 6
     assert 0 < result.scrolls < 50
-    assert result.html.count('class="item"') == 10 * (result.scrolls + 1)
+    # The scroll the deadline cut short may still get its batch before the page is read (a
+    # CI run saw 40 items after 2 counted scrolls): one batch more, never fewer.
+    assert result.html.count('class="item"') in (10 * (result.scrolls + 1),
+                                                 10 * (result.scrolls + 2))
 
 
 # -- the page's cookie jar ------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import json
 import signal
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -331,6 +332,26 @@ def test_urls_deferred_on_a_cluster_are_released_at_their_domain_s_pace_through_
     for site in farm:  # released at the domain's pace: never over 20 in a second
         times = sorted(r.wall_time_s for r in site.requests_for("/page/"))
         assert max(bisect.bisect_right(times, t + 1.0) - i for i, t in enumerate(times)) <= 21
+
+
+def test_a_cluster_node_whose_port_was_taken_before_it_bound_starts_on_other_ports(
+        monkeypatch, caplog):
+    from devtools.services import redis_cluster
+    from devtools.services.base import find_binaries
+
+    with socket.socket() as taken:  # a port found free, then taken by someone else
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        real = redis_cluster.free_port
+        monkeypatch.setattr(redis_cluster, "free_port", lambda: next(ports, None) or real())
+        group = RedisClusterGroup()
+        node = group._start_node(find_binaries(["redis"])["redis-server"])
+        try:
+            assert node.running and redis.Redis(port=node.port).ping()
+        finally:
+            node.stop()
+    assert "a port was taken before it bound" in caplog.text
 
 
 def _cpu_per_page(before: dict, after: dict, pages: int, when: str = "before the kill") -> str:

@@ -37,6 +37,8 @@ from devtools.services.redis_sentinel import wait_until
 from devtools.services.redis_server import LocalRedis
 
 logger = logging.getLogger(__name__)
+#: Starts of one node on fresh ports before a bind failure is reported.
+BIND_TRIES = 5
 
 Address = tuple[str, int]
 #: How long a node may be silent before the cluster holds it failed (ms).
@@ -82,12 +84,7 @@ class RedisClusterGroup(Managed):
         cli = str(Path(binary).with_name("redis-cli"))
         try:
             for _ in range(self.primaries * (1 + self.replicas)):
-                self.nodes.append(LocalRedis(binary=binary, extra_args=[
-                    "--cluster-enabled", "yes",
-                    "--cluster-node-timeout", str(self.node_timeout_ms),
-                    "--cluster-config-file", "nodes.conf",
-                    # the bus port defaults to port + 10000, past 65535 for a high free port
-                    "--cluster-port", str(free_port())]).start())
+                self.nodes.append(self._start_node(binary))
             create = subprocess.run(
                 [cli, "--cluster", "create", *(f"{n.host}:{n.port}" for n in self.nodes),
                  "--cluster-replicas", str(self.replicas), "--cluster-yes"],
@@ -207,6 +204,26 @@ class RedisClusterGroup(Managed):
         wait_until(f"a replica promoted in place of port {old[1]}", promoted, timeout_s,
                    step_s=0.05)
         return found[0], time.time()
+
+    def _start_node(self, binary: str) -> LocalRedis:
+        """One cluster node on free ports. A port found free can be taken before the node binds
+        it (another test process starting servers meanwhile: a CI run lost a bus port that
+        way), so a node that could not bind starts again on other ports, up to BIND_TRIES."""
+        for attempt in range(1, BIND_TRIES + 1):
+            node = LocalRedis(binary=binary, extra_args=[
+                "--cluster-enabled", "yes",
+                "--cluster-node-timeout", str(self.node_timeout_ms),
+                "--cluster-config-file", "nodes.conf",
+                # the bus port defaults to port + 10000, past 65535 for a high free port
+                "--cluster-port", str(free_port())])
+            try:
+                return node.start()
+            except ServicesUnavailable as exc:
+                if "Address already in use" not in str(exc) or attempt == BIND_TRIES:
+                    raise
+                logger.warning("redis cluster node: a port was taken before it bound; "
+                               "trying other ports (%d of %d)", attempt, BIND_TRIES)
+        raise AssertionError("unreachable")
 
     def wait_healthy(self) -> None:
         """Every running node says ``cluster_state:ok`` and knows every slot's primary, and

@@ -192,6 +192,20 @@ def publish_raw(settings: Settings, queue: str, bodies: list[bytes]) -> None:
         connection.close()
 
 
+def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], *, kill: bool = True,
+              timeout_s: float = 30) -> None:
+    """Wait for ``ready()`` (the worst moment), ``kill -9`` ``proc`` then (with ``kill``; else
+    it kills itself there) and check it died of SIGKILL; killed on the way out in any case."""
+    try:
+        assert wait_for(ready, timeout_s, 0.001), output_of(proc)[-3000:]
+        if kill:
+            proc.kill()
+        assert proc.wait(timeout_s) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def publish_dead_letter(channel: Any, url: str, reason: str = "max_retries",
                         **job: Any) -> None:
     """A dead letter of ``url`` into failed_urls, as a worker dead-letters it (``job``: the

@@ -38,6 +38,7 @@ from devtools.testsite import TestSite, start_sites
 from tests.helpers import (
     REPO_ROOT,
     drain,
+    kill_when,
     output_of,
     own_channel,
     queue_depth,
@@ -217,15 +218,9 @@ def test_a_worker_killed_mid_release_loses_no_deferred_url_and_records_each_once
             (tmp_path / "sitecustomize.py").write_text(_DIE_AFTER_PUBLISHING)
             env["PYTHONPATH"] = f"{tmp_path}:{REPO_ROOT}"
         victim = start_worker_process(settings, "--concurrency", "4", env=env)
-        try:
-            # "claimed": killed from outside right after its releaser claimed the whole batch.
-            assert wait_for(lambda: redis_client.zcard(deferred_key("inflight")) > 0, 30, 0.001)
-            if moment == "claimed":
-                victim.kill()
-            assert victim.wait(30) == -signal.SIGKILL
-        finally:
-            if victim.poll() is None:
-                victim.kill()
+        # "claimed": killed from outside right after its releaser claimed the whole batch.
+        kill_when(victim, lambda: redis_client.zcard(deferred_key("inflight")) > 0,
+                  kill=moment == "claimed")
         held = redis_client.zcard(deferred_key("inflight"))
         with own_channel(settings) as channel:
             got_out = queue_depth(channel, topology.NORMAL_QUEUE)

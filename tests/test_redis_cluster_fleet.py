@@ -49,6 +49,7 @@ from tests.helpers import (
     TEST_ENV,
     drain,
     files_sink_process,
+    kill_when,
     leader_id,
     output_of,
     own_channel,
@@ -302,14 +303,8 @@ def test_urls_deferred_on_a_cluster_are_released_at_their_domain_s_pace_through_
     assert all(domain["through_in_s"] >= 1 for domain in shown["domains"]), shown
     victim = start_worker_process(settings, "--concurrency", "4", env={
         **paced, "DEFER_BATCH": "500", "DEFER_LEASE_S": "2", "WORKER_ID": "cluster-victim"})
-    try:  # killed right after its releaser claimed a batch
-        assert wait_for(lambda: client.zcard(deferred_key("inflight")) > 0, 30, 0.001), \
-            output_of(victim)[-3000:]
-        victim.kill()
-        assert victim.wait(30) == -signal.SIGKILL
-    finally:
-        if victim.poll() is None:
-            victim.kill()
+    # killed right after its releaser claimed a batch
+    kill_when(victim, lambda: client.zcard(deferred_key("inflight")) > 0)
     held = client.zcard(deferred_key("inflight"))
     survivors = [start_worker_process(settings, "--idle-exit", "4", "--concurrency", "4", env={
         **paced, "WORKER_ID": f"cluster-survivor-{i}"}) for i in range(2)]

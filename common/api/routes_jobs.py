@@ -123,8 +123,7 @@ class RunCounters(BaseModel):
 def registry_of(request: Request) -> JobRegistry:
     """The job registry; 409 on a Redis Cluster, where jobs do not run yet."""
     if slots.cluster():
-        raise HTTPException(409, "jobs do not run on a Redis Cluster yet "
-                                 "(docs/design-redis-cluster.md): only the default crawl does")
+        raise HTTPException(409, f"{slots.NO_JOBS_ON_CLUSTER}: only the default crawl does")
     return JobRegistry(redis_of(request))
 
 

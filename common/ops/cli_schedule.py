@@ -80,8 +80,8 @@ def run(settings: Settings, schedule: Schedule) -> int:
 
     jobs = threading.Thread(target=run_jobs, name="jobs")
     if slots.cluster():
-        logger.info("Redis Cluster: the recrawl scheduler runs without the job runner "
-                    "(jobs do not run on a cluster yet)")
+        logger.info("Redis Cluster: the recrawl scheduler runs without the job runner (%s)",
+                    slots.NO_JOBS_ON_CLUSTER)
     else:
         jobs.start()
 

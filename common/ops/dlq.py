@@ -287,7 +287,7 @@ def _into_run(settings: Settings, client: redis.Redis, producer: Producer,
 def _refusal(registry: JobRegistry, ref: JobRef) -> str | None:
     """Why a dead letter of ``ref`` cannot go back into its run; None when it can."""
     if slots.cluster():  # a run's counters are fleet-wide: FORGET_LUA would be CROSSSLOT
-        return f"job {ref.name}: jobs do not run on a Redis Cluster (docs/design-redis-cluster.md)"
+        return f"job {ref.name}: {slots.NO_JOBS_ON_CLUSTER}"
     try:
         state = registry.state(ref.name)
     except JobStateError:

@@ -161,6 +161,10 @@ def spread(calls: list[tuple[list[int], Any]], count: int) -> list[Any]:
     return replies
 
 
+#: Why a job's request is refused on a cluster (the API's 409, ``dlq replay``'s refusal).
+NO_JOBS_ON_CLUSTER = "jobs do not run on a Redis Cluster (docs/design-redis-cluster.md)"
+
+
 def refuse_on_cluster(what: str) -> None:
     """ConfigError in cluster mode: ``what`` needs keys of several slots in one script (a
     job's fleet-wide run keys beside URLs of every shard; not supported yet).

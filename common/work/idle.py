@@ -7,12 +7,12 @@ work queue when its level runs out. One in a queue shorter than the idle time is
 work at hand: exiting then left it behind until some worker started again (a drain that ended
 with one page waiting: the proxy fleet test's CI runs, NOTES #82). So is a URL deferred in
 Redis (common/intake/defer.py) whose turn comes within the idle time (a releaser publishes it
-then, or up to its poll interval later), and one a releaser has claimed: it is being
-published (or, its releaser dead, claimed again once the lease ends, DEFER_LEASE_S). A longer wait (a domain blocked for
-minutes) is not: the worker still exits, as it always did. The check costs one passive queue
-declaration per such level and two Redis round trips, at most once a second, only once the time
-is up; Redis not answering counts as work to wait for (the pressure check pauses the worker
-then anyway).
+then, or up to its poll interval later), and one a releaser has claimed: it is being published
+(or, its releaser dead, claimed again once the lease ends, DEFER_LEASE_S). A longer wait (a
+domain blocked for minutes) is not: the worker still exits, as it always did. The check costs
+one passive queue declaration per such level and two Redis round trips, at most once a second,
+only once the time is up; Redis not answering counts as work to wait for (the pressure check
+pauses the worker then anyway).
 """
 
 from __future__ import annotations

@@ -209,7 +209,8 @@ class RedisClusterGroup(Managed):
         """One cluster node on free ports. A port found free can be taken before the node binds
         it (another test process starting servers meanwhile: a CI run lost a bus port that
         way), so a node that could not bind starts again on other ports, up to BIND_TRIES."""
-        for attempt in range(1, BIND_TRIES + 1):
+        attempt = 1
+        while True:
             node = LocalRedis(binary=binary, extra_args=[
                 "--cluster-enabled", "yes",
                 "--cluster-node-timeout", str(self.node_timeout_ms),
@@ -223,7 +224,7 @@ class RedisClusterGroup(Managed):
                     raise
                 logger.warning("redis cluster node: a port was taken before it bound; "
                                "trying other ports (%d of %d)", attempt, BIND_TRIES)
-        raise AssertionError("unreachable")
+            attempt += 1
 
     def wait_healthy(self) -> None:
         """Every running node says ``cluster_state:ok`` and knows every slot's primary, and

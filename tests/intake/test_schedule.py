@@ -305,7 +305,8 @@ def test_a_deposed_leader_takes_nothing_and_settles_nothing(schedule, redis_clie
     assert len(again) == 10 and len({d.url for d in again}) == 10
     assert schedule.settle(token, [d.url for d in taken]) == 0  # no longer the old one's
     assert schedule.settle(token2, [d.url for d in again]) == 10
-    assert redis_client.hlen(schedule_key("inflight")) == 0 and redis_client.zcard(schedule_key("due")) == 10
+    assert redis_client.hlen(schedule_key("inflight")) == 0
+    assert redis_client.zcard(schedule_key("due")) == 10
 
 
 def test_entries_of_an_older_token_wait_a_lease_before_they_are_taken_over(schedule,
@@ -348,7 +349,8 @@ def test_a_tick_publishes_due_urls_as_recrawls_with_their_due_time_nonce(
     assert redis_client.hlen(schedule_key("inflight")) == 0
     now_s = redis_client.time()[0]
     for url in urls:  # rescheduled one interval on
-        assert redis_client.zscore(schedule_key("due"), url) / 1000 == pytest.approx(now_s + 100, abs=3)
+        assert redis_client.zscore(schedule_key("due"), url) / 1000 == pytest.approx(
+            now_s + 100, abs=3)
 
 
 def test_the_add_show_and_remove_commands(run_cli, tmp_path, redis_client):
@@ -381,6 +383,7 @@ def test_due_urls_wait_in_the_schedule_while_the_work_queues_are_full(
         recrawler.token = lease.hold()
         assert [recrawler.tick(), recrawler.tick()] == [2, 2]
         assert recrawler.tick() == 0 and recrawler.holding  # 4 queued: held back
-        assert redis_client.zcard(schedule_key("due")) == 5 and redis_client.hlen(schedule_key("inflight")) == 0
+        assert redis_client.zcard(schedule_key("due")) == 5
+        assert redis_client.hlen(schedule_key("inflight")) == 0
         drain(amqp_channel, "url_queue_ttl")
         assert recrawler.tick() == 1 and not recrawler.holding

@@ -9,14 +9,15 @@ body (tests/work/test_parse.py runs its cases through both).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from xxhash import xxh3_128_hexdigest
+
 from common.work import links
 
-HASH_DIGEST_BYTES = 16
-EMPTY_TEXT_HASH = hashlib.blake2b(b"", digest_size=HASH_DIGEST_BYTES).hexdigest()
+#: The content hash: XXH3's 128 bits as 32 hex digits (NOTES #25).
+EMPTY_TEXT_HASH = xxh3_128_hexdigest(b"")
 
 _ASCII_WS_BYTES = b" \t\n\r\f"
 # Maps ASCII whitespace to 0 and every other byte to 1 (see measure_text).
@@ -77,11 +78,12 @@ def measure_text(text: str) -> tuple[int, str]:
 
     ``text_length`` is the length of the text with runs of ASCII whitespace collapsed to one
     space and trimmed (nodes are joined with a space so '<p>a</p><p>b</p>' counts as two
-    words, as a browser shows them). ``content_hash`` is BLAKE2b over the UTF-8 text with all
-    ASCII whitespace removed, so whitespace-only edits (re-indenting, minifying) keep it.
+    words, as a browser shows them). ``content_hash`` is XXH3-128 over the UTF-8 text with all
+    ASCII whitespace removed, so whitespace-only edits (re-indenting, minifying) keep it: a
+    change detector, not a cryptographic digest (1 us against BLAKE2b's 28 on a farm page).
     """
     length, solid = solid_text(text)
-    return length, hashlib.blake2b(solid, digest_size=HASH_DIGEST_BYTES).hexdigest()
+    return length, xxh3_128_hexdigest(solid)
 
 
 def solid_text_python(text: str) -> tuple[int, bytes]:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import random
 import re
@@ -12,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from common.ops import native
 from common.work import links, page
@@ -62,6 +62,25 @@ def test_the_c_pass_gives_what_the_python_pass_gives_on_random_texts(native_pass
             repr(text)
 
 
+#: One alphabet per str storage the C pass reads sixteen characters at a time (one byte a
+#: character, ASCII or not; two bytes, with blocks over U+00FF and blocks under it).
+BLOCK_ALPHABETS = {
+    "ascii": [" ", "\t", "\n", "\r", "\f", "a", "Z", "\x0b", "\x00", "\x7f", "  "],
+    "latin-1": [" ", "\n", "\f", "a", "\x0b", "\x7f", "\x80", "é", "\xff", "\xa0", "  "],
+    "two bytes": [" ", "\t", "\r", "a", "\x80", "\xff", "\u0100", "\u3000", "\uff20", "é",
+                  "\u2019", "aaaaaaaa", "        ", "\ud800"],
+}
+
+
+@pytest.mark.parametrize("storage", BLOCK_ALPHABETS)
+def test_the_c_pass_reads_blocks_of_sixteen_as_one_character_at_a_time(native_pass, storage):
+    rng = random.Random(f"blocks {storage}")
+    alphabet = BLOCK_ALPHABETS[storage]
+    for _ in range(6000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 70)))
+        assert native_pass(text) == _definition(text), repr(text)
+
+
 def test_the_c_pass_reads_a_long_text_and_its_edges(native_pass):
     long_text = " \n".join(f"word{i} é {i}" for i in range(20000)) + "\t"
     for text in ("", " ", "a", " a", "a ", "\ud800", "\ud800 \ud800", long_text):
@@ -75,8 +94,7 @@ def test_the_c_pass_refuses_what_is_not_a_str(native_pass):
 
 def test_measure_text_hashes_the_solid_text_whichever_pass_runs(monkeypatch):
     text = "  Héllo,\n\tworld  \ud800 "
-    digest = hashlib.blake2b("Héllo,world\ud800".encode("utf-8", "surrogatepass"),
-                             digest_size=page.HASH_DIGEST_BYTES).hexdigest()
+    digest = xxhash.xxh3_128_hexdigest("Héllo,world\ud800".encode("utf-8", "surrogatepass"))
     assert page.measure_text(text) == (14, digest)
     monkeypatch.setattr(page, "solid_text", page.solid_text_python)
     assert page.measure_text(text) == (14, digest)

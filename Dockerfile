@@ -46,7 +46,7 @@ RUN groupadd --system --gid 10001 scraper \
 COPY requirements.lock .
 RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements.lock
 
-# The C hot loops (common/work/_text_measure.c and _links.c, NOTES #83), compiled in a stage
+# The C hot loops (common/work/_text_measure.c, _links.c and _scan.c, NOTES #83), compiled in a stage
 # of their own so that no compiler is left in the images; both images copy the built modules
 # from /native. With --optional, an interpreter without its headers builds nothing (it says
 # why) and the fleet uses its Python passes (~10 % more CPU a page; the worker says so).
@@ -56,7 +56,8 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 COPY common/ops/native.py common/ops/native.py
-COPY common/work/_text_measure.c common/work/_links.c common/work/_module.h common/work/
+COPY common/work/_text_measure.c common/work/_links.c common/work/_scan.c common/work/_module.h \
+     common/work/
 RUN python common/ops/native.py --optional \
     && mkdir /native && find common -name '*.so' -exec cp {} /native/ \;
 

@@ -1,8 +1,9 @@
 """Builds the fleet's C modules in place: ``python -m common.ops.native [--optional]``.
 
-Two modules, each a hot loop of the default page (NOTES #83): ``common/work/_text_measure.c``
-(the text measures' one pass, imported by ``common.work.page``) and ``common/work/_links.c``
-(plain links resolved, imported by ``common.work.links``), each compiled with the interpreter's
+Three modules, each a hot loop of the default page (NOTES #83): ``common/work/_text_measure.c``
+(the text measures' one pass, imported by ``common.work.page``), ``common/work/_links.c``
+(plain links resolved, imported by ``common.work.links``) and ``common/work/_scan.c`` (a raw
+body's "<" counted, imported by ``common.work.parse_lexbor``), each compiled with the interpreter's
 own compiler settings (``sysconfig``: CC, the include directory) into ``<name><EXT_SUFFIX>``
 beside its source. scripts/bootstrap.sh runs this after installing the locks, the
 Dockerfile in a build stage of its own (the compiler stays out of the image); ``pip install .``
@@ -30,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: (module, source): the module's dotted name and its C file, relative to the checkout.
 MODULES = (("common.work._text_measure", "common/work/_text_measure.c"),
-           ("common.work._links", "common/work/_links.c"))
+           ("common.work._links", "common/work/_links.c"),
+           ("common.work._scan", "common/work/_scan.c"))
 #: What the sources include from beside them (a build elsewhere copies it along).
 HEADERS = ("common/work/_module.h",)
 #: The bytes loops want -O3 (gcc vectorises and unrolls them): 20 against 27 us at -O2.

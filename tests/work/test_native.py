@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 from common.ops import native
-from common.work import links, page
+from common.work import links, page, parse_lexbor
 from tests.helpers import unavailable
 
 ALPHABET = [" ", "\t", "\n", "\r", "\f", "  ", "a", "bc", "é", "中", "\u00a0", "\U0001f600",
@@ -156,6 +156,35 @@ def test_the_c_links_pass_on_what_resolve_raises(native_links):
     base = links.make_base("https://example.com/")
     with pytest.raises(AttributeError):
         links.extract_links(["/ok", 7], base, 10)  # type: ignore[list-item]
+
+
+@pytest.fixture(scope="module")
+def native_count():
+    _built("common.work._scan")
+    return parse_lexbor.count_byte
+
+
+def test_the_c_count_gives_what_bytes_count_gives_on_random_bodies(native_count):
+    rng = random.Random(1700)
+    # Lengths around the sixteen-byte blocks and the 255-block sums; bytes from a small set,
+    # so each one counted occurs often, and from all 256.
+    for size in [*range(0, 70), 4079, 4080, 4081, 4096, 8161, 65_536 + 7]:
+        for pool in (b"<a/ \xff", bytes(range(256))):
+            data = bytes(rng.choice(pool) for _ in range(size))
+            for byte in (ord("<"), 0, 255, ord(" ")):
+                assert native_count(data, byte) == data.count(bytes((byte,))) \
+                    == parse_lexbor.count_byte_python(data, byte), (size, byte)
+    assert native_count(b"<" * 100_000, ord("<")) == 100_000  # a lane summed past 255 blocks
+    assert native_count(bytearray(b"a<b<"), ord("<")) == 2
+
+
+def test_the_c_count_refuses_a_byte_out_of_range_or_not_bytes(native_count):
+    with pytest.raises(ValueError, match="range"):
+        native_count(b"abc", 256)
+    with pytest.raises(TypeError):
+        native_count("text", ord("<"))
+    with pytest.raises(TypeError, match="an int"):
+        native_count(b"abc", b"<")
 
 
 @pytest.mark.skipif(native.missing_tools() is not None, reason="no C compiler or Python.h")

@@ -19,6 +19,14 @@
 #if defined(__SSE2__) && defined(__GNUC__)
 #include <emmintrin.h>
 #define SIXTEEN_AT_A_TIME 1
+
+/* The set bits of a byte, from a table: __builtin_popcount is a libgcc call without -mpopcnt,
+ * which the x86-64 baseline lacks. */
+#define POP2(n) n, n + 1, n + 1, n + 2
+#define POP4(n) POP2(n), POP2(n + 1), POP2(n + 1), POP2(n + 2)
+#define POP6(n) POP4(n), POP4(n + 1), POP4(n + 1), POP4(n + 2)
+static const unsigned char BITS_SET[256] = {POP6(0), POP6(1), POP6(1), POP6(2)};
+#define POPCOUNT16(m) (BITS_SET[(m) & 0xFFu] + BITS_SET[(m) >> 8])
 #endif
 
 /* One character: counted, and appended to ``out`` as UTF-8 unless it is ASCII whitespace. A
@@ -70,8 +78,8 @@ latin1_block(__m128i block, const unsigned char *bytes, unsigned char *out, Py_s
     unsigned spaces = (unsigned)_mm_movemask_epi8(space);
     unsigned solid = ~spaces & 0xFFFFu;
     unsigned after = ((spaces << 1) | (unsigned)*after_space) & 0xFFFFu;
-    *words += __builtin_popcount(solid & after); /* a word starts after a space */
-    *chars += __builtin_popcount(solid);
+    *words += POPCOUNT16(solid & after); /* a word starts after a space */
+    *chars += POPCOUNT16(solid);
     *after_space = (int)(spaces >> 15);
     Py_ssize_t at = *kept;
     if (!spaces && !high) {

@@ -206,12 +206,14 @@ class FetchLoop:
                 logger.exception("a fetch task failed")
             finally:
                 self.tasks -= 1
-                task.yields = False
             run = args = job = None  # an idle task holds nothing of its last run
             if len(self._idle) >= _IDLE_TASKS:
                 return
             self._idle.append(task)
-            job = self._hub.switch()  # only spawn() resumes an idle task, with its next run
+            job = self._hub.switch()  # spawn() resumes an idle task with its next run
+            while not (type(job) is tuple and len(job) == 2):  # anything else is a stray wake
+                logger.error("an idle fetch task was resumed with %r: it waits on", job)
+                job = self._hub.switch()
 
     def _run_ready(self) -> None:
         ready = self._ready

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 
+import greenlet
 import pycurl
 import pytest
 import redis
@@ -161,6 +162,44 @@ def test_a_task_that_raises_is_logged_and_the_loop_goes_on(loop, caplog):
     _run_all(loop)
     assert done == [1] and loop.tasks == 0
     assert "a fetch task failed" in caplog.text and "a bug in a task" in caplog.text
+
+
+def test_finished_tasks_greenlets_run_the_next_tasks_with_nothing_left_of_the_last(loop):
+    seen: list[tuple[greenlet.greenlet, bool]] = []  # held: no address is reused meanwhile
+
+    def task(fail: bool) -> None:
+        current = greenlet.getcurrent()
+        seen.append((current, current.yields))
+        if fail:
+            with multi.yielding():  # ends by raising, inside yielding()
+                raise RuntimeError("a bug in a task")
+
+    for _ in range(3):
+        loop.spawn(task, False)
+    _run_all(loop)
+    first = [task for task, _yields in seen]
+    assert len(set(map(id, first))) == 3  # three at once: three greenlets
+    loop.spawn(task, True)
+    _run_all(loop)
+    for _ in range(3):
+        loop.spawn(task, False)
+    _run_all(loop)
+    assert all(any(later is earlier for earlier in first) for later, _ in seen[3:]), \
+        "a new greenlet ran a task while finished ones were idle"
+    assert not any(yields for _task, yields in seen) and loop.tasks == 0
+
+
+def test_an_idle_task_woken_by_mistake_waits_on_for_its_next_run(loop, caplog):
+    ran: list[int] = []
+    loop.spawn(ran.append, 1)
+    _run_all(loop)
+    idle = loop._idle[0]  # noqa: SLF001 - the loop's own idle task
+    loop._ready.append((idle, (None,)))  # noqa: SLF001 - a wake-up meant for another wait
+    loop.run_once(0.0, lambda: False)
+    assert "an idle fetch task was resumed with None" in caplog.text and not idle.dead
+    loop.spawn(ran.append, 2)
+    _run_all(loop)
+    assert ran == [1, 2] and loop.tasks == 0
 
 
 def _closed_port() -> int:

@@ -211,7 +211,7 @@ def build_rows(ctx_sizes: Sizes, phases: dict[str, dict[str, Any]]) -> list[Row]
         "pass" if over == 0 else "FAIL", 0)
     reference = phases.get("machine", {}).get("reference_parse_us") or []
     add("machine speed: reference parse", sum(reference) / len(reference) if reference else None,
-        "us, one farm page, before/after " + "/".join(f"{v:.0f}" for v in reference),
+        "us, lxml parse of one farm page, before/after " + "/".join(f"{v:.0f}" for v in reference),
         "", "info", 0)
     return rows
 

@@ -206,6 +206,38 @@ def test_the_builder_compiles_an_importable_module_beside_its_source(tmp_path: P
     assert built.solid_text(" a  b ") == (3, b"ab")
 
 
+def _built_aside(tmp_path: Path, module: str, source: str):
+    (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
+    for name in (source, *native.HEADERS):
+        shutil.copy(native.ROOT / name, tmp_path / name)
+    target = native.build(module, source, root=tmp_path)
+    spec = importlib.util.spec_from_file_location(module, target)
+    built = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(built)
+    return built
+
+
+@pytest.mark.skipif(native.missing_tools() is not None, reason="no C compiler or Python.h")
+def test_the_c_loops_built_without_sse2_as_on_arm_give_what_the_python_passes_give(
+        tmp_path: Path, monkeypatch):
+    # Where the compiler has no SSE2 (an ARM image), the sixteen-at-a-time blocks are left out
+    # and every loop goes one character or byte at a time: that form is held here too.
+    monkeypatch.setattr(native, "OPTIMIZE", [*native.OPTIMIZE, "-U__SSE2__"])
+    sources = dict(native.MODULES)
+    text = _built_aside(tmp_path, "common.work._text_measure",
+                        sources["common.work._text_measure"])
+    scan = _built_aside(tmp_path, "common.work._scan", sources["common.work._scan"])
+    for storage, alphabet in BLOCK_ALPHABETS.items():
+        rng = random.Random(f"one at a time {storage}")
+        for _ in range(2000):
+            sample = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 70)))
+            assert text.solid_text(sample) == _definition(sample), repr(sample)
+    rng = random.Random(1701)
+    for size in (0, 15, 16, 17, 4081, 9000):
+        data = bytes(rng.choice(b"<a/ \xff") for _ in range(size))
+        assert scan.count_byte(data, ord("<")) == data.count(b"<"), size
+
+
 def test_without_a_compiler_the_builder_says_so_and_fails_unless_optional(monkeypatch, capsys):
     monkeypatch.setattr(native, "compiler", lambda: None)
 

@@ -161,7 +161,8 @@ def spread(calls: list[tuple[list[int], Any]], count: int) -> list[Any]:
     return replies
 
 
-#: Why a job's request is refused on a cluster (the API's 409, ``dlq replay``'s refusal).
+#: Why a job's request is refused on a cluster (the API's 409, ``dlq replay``'s refusal, the
+#: recrawl scheduler's log).
 NO_JOBS_ON_CLUSTER = "jobs do not run on a Redis Cluster (docs/design-redis-cluster.md)"
 
 

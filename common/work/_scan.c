@@ -15,11 +15,6 @@
 
 #include "_module.h"
 
-#if defined(__SSE2__) && defined(__GNUC__)
-#include <emmintrin.h>
-#define SIXTEEN_AT_A_TIME 1
-#endif
-
 static PyObject *
 count_byte(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {

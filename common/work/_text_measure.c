@@ -16,10 +16,7 @@
 
 #include "_module.h"
 
-#if defined(__SSE2__) && defined(__GNUC__)
-#include <emmintrin.h>
-#define SIXTEEN_AT_A_TIME 1
-
+#ifdef SIXTEEN_AT_A_TIME
 /* The set bits of a byte, from a table: __builtin_popcount is a libgcc call without -mpopcnt,
  * which the x86-64 baseline lacks. */
 #define POP2(n) n, n + 1, n + 1, n + 2

@@ -190,31 +190,33 @@ def test_the_c_count_refuses_a_byte_out_of_range_or_not_bytes(native_count):
 @pytest.mark.skipif(native.missing_tools() is not None, reason="no C compiler or Python.h")
 def test_the_builder_compiles_an_importable_module_beside_its_source(tmp_path: Path):
     module, source = native.MODULES[0]  # the text measures
-    (tmp_path / source).parent.mkdir(parents=True)
-    for name in (source, *native.HEADERS):
-        shutil.copy(native.ROOT / name, tmp_path / name)
 
-    target = native.build(module, source, root=tmp_path)
+    target = native.build(module, source, root=_sources_in(tmp_path, source))
 
     assert target.parent == (tmp_path / source).parent
     # Nothing else is left beside it (the partial file is renamed into place).
     assert {p.name for p in target.parent.iterdir()} == {
         target.name, Path(source).name, *(Path(h).name for h in native.HEADERS)}
-    spec = importlib.util.spec_from_file_location(module, target)
-    built = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(built)
-    assert built.solid_text(" a  b ") == (3, b"ab")
+    assert _imported(module, target).solid_text(" a  b ") == (3, b"ab")
 
 
-def _built_aside(tmp_path: Path, module: str, source: str):
-    (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
+def _sources_in(root: Path, source: str) -> Path:
+    """``root`` holding a copy of ``source`` and the headers it includes."""
+    (root / source).parent.mkdir(parents=True, exist_ok=True)
     for name in (source, *native.HEADERS):
-        shutil.copy(native.ROOT / name, tmp_path / name)
-    target = native.build(module, source, root=tmp_path)
+        shutil.copy(native.ROOT / name, root / name)
+    return root
+
+
+def _imported(module: str, target: Path):
     spec = importlib.util.spec_from_file_location(module, target)
     built = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(built)
     return built
+
+
+def _built_aside(tmp_path: Path, module: str, source: str):
+    return _imported(module, native.build(module, source, root=_sources_in(tmp_path, source)))
 
 
 @pytest.mark.skipif(native.missing_tools() is not None, reason="no C compiler or Python.h")
